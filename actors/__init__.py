@@ -1,0 +1,1 @@
+"""Drafters: one Proposer per file, plus model loading. Pure Python/torch; no Ray here."""

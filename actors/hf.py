@@ -1,0 +1,97 @@
+"""Model drafter: a small causal LM that shares the target's tokenizer.
+
+Keeps its own KV cache per request. On each call it crops the cache to the longest common prefix
+of what it has cached (including its own rejected drafts) and the committed context, prefills only
+the rest, then drafts k tokens one forward at a time. Greedy drafting takes the argmax and sends
+its temperature-1 distribution (top `q_top_n`, for the BD reward); sampled drafting draws from
+the top `q_top_n` of its warped distribution, renormalised, and sends exactly that q, so
+verification stays lossless. A drafter whose vocabulary differs from the target's is refused.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from actors.kv_cache import common_prefix_length, crop_cache
+from actors.proposal import Proposal, SparseDist
+from actors.session import SessionStore
+from deploy.errors import InvalidRequestError
+from deploy.sampling import SamplingParams, warp_probs
+
+
+@dataclass
+class _DraftState:
+    cache: object  # transformers DynamicCache
+    cached: list[int] = field(default_factory=list)  # tokens whose K/V are in `cache`
+    generator: torch.Generator | None = None
+
+
+def sparse_top(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs: [V] -> (ids [n], renormalised probs [n]) of the top_n non-zero entries."""
+    values, ids = torch.topk(probs, min(top_n, probs.shape[-1]))
+    keep = values > 0
+    values, ids = values[keep], ids[keep]
+    return ids, values / values.sum()
+
+
+class HFModelProposer:
+    def __init__(self, model: torch.nn.Module, name: str = "hf", target_vocab_size: int | None = None, q_top_n: int = 64) -> None:
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        if target_vocab_size is not None and vocab != target_vocab_size:
+            raise InvalidRequestError(
+                "drafters",
+                f"drafter {name!r} has a vocabulary of {vocab} tokens but the target has {target_vocab_size}; "
+                "an hf drafter must share the target's tokenizer",
+            )
+        self.name, self.model, self.q_top_n = name, model, q_top_n
+        self.device = next(model.parameters()).device
+        self.sessions = SessionStore()
+
+    def _forward(self, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append tokens to the drafter's cache. -> logits of the last position [V]."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
+        state.cached.extend(token_ids)
+        return out.logits[0, -1].float().cpu()
+
+    def _new_state(self) -> _DraftState:
+        from transformers import DynamicCache
+
+        return _DraftState(cache=DynamicCache(config=self.model.config))
+
+    @torch.inference_mode()
+    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        start = time.perf_counter()
+        entry = self.sessions.extend(session, context_delta, new_state=self._new_state)
+        tokens, state = entry.tokens, entry.state
+        if not tokens or k <= 0:
+            return Proposal(drafter=self.name)
+        if state.generator is None and not sampling.greedy:
+            seed = secrets.randbits(62) if sampling.seed is None else (sampling.seed ^ zlib.crc32(self.name.encode()))
+            state.generator = torch.Generator().manual_seed(seed)
+        keep = min(common_prefix_length(state.cached, tokens), len(tokens) - 1)
+        crop_cache(state.cache, keep)
+        del state.cached[keep:]
+        logits = self._forward(state, tokens[keep:])
+        draft: list[int] = []
+        q: list[SparseDist] = []
+        for j in range(k):
+            probs = warp_probs(logits, sampling)  # [V]; temperature 1 under greedy
+            ids, q_probs = sparse_top(probs, self.q_top_n)
+            if sampling.greedy:
+                token = int(torch.argmax(logits))
+            else:
+                token = int(ids[torch.multinomial(q_probs, 1, generator=state.generator)])
+            draft.append(token)
+            q.append(SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())))
+            if j < k - 1:
+                logits = self._forward(state, [token])
+        return Proposal(self.name, tuple(draft), tuple(q), time.perf_counter() - start)
+
+    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
+        self.sessions.pop(session)

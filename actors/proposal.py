@@ -1,0 +1,54 @@
+"""The drafting contract: what a drafter returns (`Proposal`) and what it implements (`Proposer`).
+
+A Proposal is plain data (tuples of ints and floats), so it crosses an RPC boundary unchanged.
+`q` holds one `SparseDist` per drafted position, or is None for a point mass (n-gram, suffix,
+greedy drafting). Under sampling, q is exactly the distribution each token was sampled from
+(zero outside `ids`); under greedy decoding verification ignores q, and a model drafter sends its
+temperature-1 distribution so the BD reward can compare it with the target's.
+
+A Proposer keeps one session per request. Each `propose` call carries `context_delta`: the
+committed tokens (prompt, then accepted output) the drafter has not seen yet for that session;
+its own earlier draft tokens are never committed unless the target accepted them, in which case
+they arrive again in a later delta. `release` ends the session with the last unseen tokens, so
+drafters that learn from finished requests (suffix cache) see the whole sequence.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from deploy.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """A distribution that is zero outside `ids`; probs sum to 1."""
+
+    ids: tuple[int, ...]
+    probs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    drafter: str
+    token_ids: tuple[int, ...] = ()
+    q: tuple[SparseDist, ...] | None = None  # None = point mass on each drafted token
+    draft_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.q is not None and len(self.q) != len(self.token_ids):
+            raise ValueError("q must have one distribution per drafted token")
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        """Draft at most k tokens continuing the session's committed context."""
+        ...
+
+    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
+        """The request is over: see the last tokens, learn if the drafter learns, free the session."""
+        ...

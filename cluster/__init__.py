@@ -1,0 +1,1 @@
+"""Ray connection, resources and placement (filled by the distributed-service and cluster issues)."""

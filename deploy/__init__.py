@@ -1,0 +1,1 @@
+"""Verification math, the speculative engine loop, benchmark and CLI (Ray only in the service wrappers)."""

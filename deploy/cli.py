@@ -1,0 +1,141 @@
+"""The `specfleet` command line: `generate` and `bench` (in-process engine on one machine).
+
+Errors in user input print `error: <field>: <message>` and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from deploy.errors import InvalidRequestError
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    from actors.models import DEFAULT_MODEL
+    from actors.pool import DEFAULT_DRAFTERS
+
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="target: embedded name, local dir, .gguf file or hub id")
+    parser.add_argument("--dtype", default="float32", help="float32 (default; bit-exact greedy), bfloat16, float16")
+    parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help="comma list of ngram,suffix,hierarchy,hf,none")
+    parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
+    parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
+    parser.add_argument("--k", type=int, default=7, help="max tokens drafted per round")
+
+
+def _load(args: argparse.Namespace):
+    from actors.models import load_causal_lm
+    from deploy.target import TargetModel
+
+    target = TargetModel(load_causal_lm(args.model, dtype=args.dtype))
+    draft_model = None
+    if args.draft_model:
+        draft_model = load_causal_lm(args.draft_model, dtype=args.dtype, num_layers=args.draft_layers).model
+    return target, draft_model
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from actors.no_draft import NO_DRAFT
+    from actors.pool import build_drafters
+    from deploy.engine import SpeculativeEngine
+    from deploy.sampling import SamplingParams
+
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, stop=tuple(args.stop or ()),
+    )
+    messages = None
+    if args.messages is not None:
+        try:
+            messages = json.loads(args.messages)
+        except json.JSONDecodeError as err:
+            raise InvalidRequestError("messages", f"not valid JSON: {err}") from err
+    target, draft_model = _load(args)
+    drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (args.drafters, args.policy)
+    engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k)
+    result = engine.generate(prompt=args.prompt, messages=messages, sampling=sampling)
+    if args.json:
+        print(json.dumps(result.to_dict(trace=args.trace)))
+    else:
+        print(result.text)
+        s = result.summary
+        rate = "n/a" if s["draft_acceptance_rate"] is None else f"{s['draft_acceptance_rate']:.2f}"
+        print(f"\n[{len(result.token_ids)} tokens, {s['rounds']} rounds, mean acceptance length "
+              f"{s['mean_acceptance_length'] or 0:.2f}, draft acceptance {rate}, finish {result.finish_reason}]",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from deploy.bench import load_prompts, render_table, run_bench
+
+    prompts = load_prompts(args.prompts)
+    if args.tasks:
+        wanted = set(args.tasks.split(","))
+        prompts = [p for p in prompts if p.task in wanted]
+    if args.limit:
+        prompts = prompts[: args.limit]
+    target, draft_model = _load(args)
+    report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
+                       drafters=args.drafters, draft_model=draft_model, progress=not args.no_progress)
+    table = render_table(report)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
+    from policy.registry import DEFAULT_POLICY
+
+    parser = argparse.ArgumentParser(prog="specfleet", description="Multi-drafter speculative decoding (MetaSD).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate one completion in-process")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="raw completion prompt")
+    source.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
+    _model_args(gen)
+    gen.add_argument("--policy", default=DEFAULT_POLICY)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--no-spec", action="store_true", help="plain target decoding")
+    gen.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"}')
+    gen.add_argument("--trace", action="store_true", help="with --json: include the per-round trace")
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmark runs side by side (JSON + Markdown report)")
+    _model_args(bench)
+    bench.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL: {id, task, messages|prompt}")
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list; globs allowed (single:*, policy:*)")
+    bench.add_argument("--out", default=None, help="write the JSON report here (and a .md table beside it)")
+    bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
+    bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InvalidRequestError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The speculative engine: one request's draft -> verify -> accept loop, in one process.
+
+Per round: the request's bandit selects a drafter; that drafter gets only the committed tokens it
+has not seen yet and proposes up to k tokens; one target forward over [last token, draft] gives
+p for every draft position plus the bonus position; `verify` accepts losslessly; the target's KV
+cache is cropped to the accepted path; the round's reward updates the request's bandit and the
+engine-wide statistics that warm-start the next request. The no-draft arm, an empty proposal or
+a one-token budget make the round a plain target step. Greedy output equals plain decoding token
+for token; sampled output follows the target's distribution.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from actors.no_draft import NO_DRAFT
+from actors.proposal import Proposer
+from deploy.errors import InvalidRequestError
+from deploy.sampling import SamplingParams
+from deploy.target import TargetModel
+from deploy.verify import verify
+from policy.bandit import ArmStats
+from policy.registry import DEFAULT_POLICY, parse_policy
+from policy.reward import COST, round_reward
+
+MAX_K = 32
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    drafter: str
+    drafted: int
+    accepted: int
+    emitted: int
+    reward: float
+    draft_s: float
+    verify_s: float
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    rounds: list[RoundTrace] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict:
+        per_drafter: dict[str, dict[str, int]] = {}
+        for r in self.rounds:
+            d = per_drafter.setdefault(r.drafter, {"steps": 0, "drafted": 0, "accepted": 0})
+            d["steps"] += 1
+            d["drafted"] += r.drafted
+            d["accepted"] += r.accepted
+        drafted = sum(r.drafted for r in self.rounds)
+        accepted = sum(r.accepted for r in self.rounds)
+        return {
+            "rounds": len(self.rounds),
+            "num_spec_steps": sum(1 for r in self.rounds if r.drafted),
+            "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": len(self.token_ids) / len(self.rounds) if self.rounds else None,
+            "draft_s": sum(r.draft_s for r in self.rounds),
+            "verify_s": sum(r.verify_s for r in self.rounds),
+            "per_drafter": per_drafter,
+        }
+
+    def to_dict(self, trace: bool = False) -> dict:
+        out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "stats": self.summary}
+        if trace:
+            out["rounds"] = [asdict(r) for r in self.rounds]
+        return out
+
+
+class SpeculativeEngine:
+    def __init__(
+        self,
+        target: TargetModel,
+        drafters: Mapping[str, Proposer],
+        policy: str = DEFAULT_POLICY,
+        k: int = 7,
+        seed: int = 0,
+        max_padding: int = 4,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
+        self.target, self.drafters, self.k = target, dict(drafters), k
+        self.policy = parse_policy(policy, list(self.drafters))
+        self.global_stats: dict[str, ArmStats] = {arm: ArmStats() for arm in self.policy.arms}
+        self.rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()  # bandit statistics are shared across requests
+        # Forward sizes cost non-monotonically on CPU (measured once per target): a draft's forward
+        # is padded with up to max_padding throwaway positions when a larger size is cheaper.
+        self.max_padding = max_padding
+        self.max_positions = k + 1 + max_padding
+        if max_padding and any(arm != NO_DRAFT for arm in self.policy.arms):
+            target.forward_profile(self.max_positions)
+        self.plain_step_s = target.plain_step_s() if self.policy.reward == COST else 0.0
+
+    def generate(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        token_ids: Sequence[int] | None = None,
+        sampling: SamplingParams = SamplingParams(),
+    ) -> GenerationResult:
+        prompt_ids = self.target.encode(prompt=prompt, messages=messages, token_ids=token_ids)
+        self.target.check_length(len(prompt_ids), sampling.max_tokens)
+        session = uuid.uuid4().hex
+        with self._lock:
+            bandit = self.policy.make(self.global_stats, np.random.default_rng(self.rng.integers(2**63)))
+            seed = sampling.seed if sampling.seed is not None else int(self.rng.integers(2**62))
+        generator = torch.Generator().manual_seed(seed)
+        tokens = list(prompt_ids)  # committed context; the cache always covers tokens[:-1]
+        sent = {name: 0 for name in self.drafters}  # committed tokens each drafter has seen
+        cache = self.target.new_cache()
+        if len(tokens) > 1:
+            self.target.forward(cache, tokens[:-1])
+        output: list[int] = []
+        rounds: list[RoundTrace] = []
+        finish: str | None = None
+        try:
+            while finish is None:
+                budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
+                arm = bandit.select(1)[0]
+                draft, q, draft_s = (), None, 0.0
+                if budget > 0:
+                    start = time.perf_counter()
+                    proposal = self.drafters[arm].propose(session, tokens[sent[arm] :], budget, sampling)
+                    draft_s = time.perf_counter() - start
+                    sent[arm] = len(tokens)
+                    draft = proposal.token_ids[:budget]
+                    q = proposal.q[: len(draft)] if proposal.q is not None else None
+                start = time.perf_counter()
+                positions = [tokens[-1], *draft]
+                if self.max_padding and draft:  # extra positions only change speed; their K/V is cropped
+                    size = self.target.padded_length(len(positions), self.max_positions)
+                    positions += [draft[-1]] * (size - len(positions))
+                logits = self.target.forward(cache, positions)[: len(draft) + 1]  # [d+1, V]
+                result = verify(draft, q, logits, sampling, generator)
+                self.target.crop(cache, len(tokens) + result.accepted)
+                verify_s = time.perf_counter() - start
+                reward = self._feedback(bandit, arm, result.accepted, len(draft), result.overlaps, draft_s, verify_s)
+                emitted, finish = self._emit(output, result.token_ids, sampling)
+                tokens.extend(result.token_ids)
+                rounds.append(RoundTrace(arm, len(draft), result.accepted, emitted, reward, draft_s, verify_s))
+        finally:
+            committed = list(prompt_ids) + output
+            for name, drafter in self.drafters.items():
+                drafter.release(session, committed[sent[name] :])
+        text = self.target.decode(output)
+        cuts = [cut for cut in (text.find(stop) for stop in sampling.stop) if cut >= 0]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+            while output and any(stop in self.target.decode(output[:-1]) for stop in sampling.stop):
+                output.pop()  # token ids end with the token that completed the stop string
+        return GenerationResult(text, output, finish, len(prompt_ids), rounds)
+
+    def _feedback(self, bandit, arm: str, accepted: int, drafted: int, overlaps, draft_s: float, verify_s: float) -> float:
+        if drafted == 0 and self.plain_step_s:
+            self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s  # track the plain step's cost
+        reward = round_reward(
+            self.policy.reward, accepted=accepted, drafted=drafted, overlaps=overlaps, draft_s=draft_s,
+            verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
+        )
+        bandit.update(arm, reward)
+        with self._lock:
+            if arm in self.global_stats:
+                self.global_stats[arm].add(reward)
+        return reward
+
+    def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:
+        """Append a round's tokens to the output, honouring EOS, max_tokens and stop strings."""
+        before = len(output)
+        for token in new_tokens:
+            if token in self.target.eos_ids:
+                return len(output) - before, "stop"
+            output.append(token)
+            if len(output) >= sampling.max_tokens:
+                return len(output) - before, "length"
+        if sampling.stop:
+            tail = self.target.decode(output[-(len(new_tokens) + 16) :])
+            if any(stop in tail for stop in sampling.stop):
+                return len(output) - before, "stop"
+        return len(output) - before, None

@@ -1,0 +1,81 @@
+"""Policy names users see, mapped to (bandit class, config, reward kind); the only such table.
+
+    metasd-ucb        UCB + BD reward (the paper's default)
+    metasd-ucb-be     UCB + BE reward
+    metasd-ucb-cost   UCB + cost-aware reward (tokens/s; competes with the no-draft arm)
+    exp3, thompson, sh, sw-ucb, random   (BD reward)
+    fixed:<drafter>   always that drafter
+
+A `-cold` suffix turns off the warm start from global statistics (each request's bandit starts
+empty, as in the paper). BD and BE cannot score the no-draft arm (it drafts nothing), so those
+policies choose among the drafting arms only; the cost reward includes it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from actors.no_draft import NO_DRAFT
+from deploy.errors import InvalidRequestError
+from policy.bandit import ArmStats, Bandit
+from policy.exp3 import EXP3
+from policy.fixed import FixedArm
+from policy.random_arm import RandomArm
+from policy.reward import BD, BE, COST
+from policy.sequential_halving import SequentialHalving
+from policy.sw_ucb import SlidingWindowUCB
+from policy.thompson import Thompson
+from policy.ucb import UCB
+
+DEFAULT_POLICY = "metasd-ucb-cost"
+PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: see README)
+
+_POLICIES: dict[str, tuple[type[Bandit], str]] = {
+    "metasd-ucb": (UCB, BD),
+    "metasd-ucb-be": (UCB, BE),
+    "metasd-ucb-cost": (UCB, COST),
+    "exp3": (EXP3, BD),
+    "thompson": (Thompson, BD),
+    "sh": (SequentialHalving, BD),
+    "sw-ucb": (SlidingWindowUCB, BD),
+    "random": (RandomArm, BD),
+}
+BASE_POLICY_NAMES = tuple(_POLICIES)
+POLICY_NAMES = BASE_POLICY_NAMES + ("fixed:<drafter>",)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed policy name: `make(prior, rng)` builds one request's bandit over `arms`."""
+
+    name: str
+    reward: str
+    arms: tuple[str, ...]
+    warm_start: bool
+    factory: Callable[..., Bandit]
+
+    def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator) -> Bandit:
+        weight = PRIOR_WEIGHT if self.warm_start else 0.0
+        return self.factory(list(self.arms), rng, prior if self.warm_start else None, weight)
+
+
+def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
+    """Validate a policy name against the drafter pool; errors name the `policy` field."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("policy", "must be a non-empty string")
+    if name.startswith("fixed:"):
+        arm = name.removeprefix("fixed:")
+        if arm not in drafters:
+            raise InvalidRequestError("policy", f"fixed drafter {arm!r} is not in the pool {list(drafters)}")
+        return PolicySpec(name, BD, (arm,), False, lambda arms, rng, prior, w: FixedArm(arms, rng, arm=arm))
+    base, warm = (name.removesuffix("-cold"), False) if name.endswith("-cold") else (name, True)
+    if base not in _POLICIES:
+        raise InvalidRequestError("policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (optionally with -cold)")
+    cls, reward = _POLICIES[base]
+    arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
+    if not arms:
+        raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
+    return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w))

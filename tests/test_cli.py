@@ -1,0 +1,74 @@
+"""The `specfleet` command: generate prints the documented JSON, bench writes the documented report,
+bad input exits 2 naming the field."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.model
+CLI = [sys.executable, "-m", "deploy.cli"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=600)
+
+
+def test_generate_json_prints_text_token_ids_finish_reason_and_stats():
+    done = run_cli("generate", "--prompt", "The capital of France is", "--max-tokens", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    assert 0 < len(out["token_ids"]) <= 6 and out["finish_reason"] in ("stop", "length")
+    assert "mean_acceptance_length" in out["stats"] and "per_drafter" in out["stats"]
+
+
+def test_generate_with_and_without_speculation_agree():
+    messages = json.dumps([{"role": "user", "content": "List three colours of the rainbow."}])
+    spec = run_cli("generate", "--messages", messages, "--max-tokens", "20", "--json")
+    plain = run_cli("generate", "--messages", messages, "--max-tokens", "20", "--json", "--no-spec")
+    assert json.loads(spec.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+        (["--prompt", "hi", "--top-p", "0"], "top_p"),
+        (["--prompt", "hi", "--max-tokens", "0"], "max_tokens"),
+        (["--prompt", "hi", "--policy", "nope"], "policy"),
+        (["--prompt", "hi", "--drafters", "ngram,nope"], "drafters"),
+        (["--messages", "[not json"], "messages"),
+    ],
+)
+def test_generate_rejects_bad_input_naming_the_field(args, field):
+    done = run_cli("generate", *args)
+    assert done.returncode == 2
+    assert f"error: {field}:" in done.stderr
+
+
+def test_bench_writes_the_report_schema(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "a", "task": "code", "messages": [{"role": "user", "content": "Write hello world in C."}]})
+        + "\n" + json.dumps({"id": "b", "task": "chat", "prompt": "Once upon a time"}) + "\n")
+    out = tmp_path / "bench.json"
+    done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "single:*,policy:metasd-ucb",
+                   "--out", str(out), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["params"]["max_tokens"] == 12 and report["params"]["temperature"] == 0.0
+    names = [r["name"] for r in report["runs"]]
+    assert names == ["ar", "single:ngram", "single:suffix", "single:hierarchy", "policy:metasd-ucb", "oracle"]
+    for row in report["runs"]:
+        assert {"name", "tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "lossless",
+                "mean_accepted_length", "per_task"} <= set(row)
+        assert row["lossless"] is True
+        assert set(row["per_task"]) == {"code", "chat"}
+    assert report["runs"][0]["speedup_vs_ar"] == 1.0 and report["runs"][0]["mean_accepted_length"] is None
+    assert out.with_suffix(".md").read_text().startswith("| run |")
+
+
+def test_bench_rejects_a_run_that_matches_nothing(tmp_path):
+    done = run_cli("bench", "--runs", "single:telepathy", "--limit", "1", "--no-progress")
+    assert done.returncode == 2 and "error: runs:" in done.stderr
