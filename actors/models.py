@@ -125,3 +125,12 @@ def load_causal_lm(
     target_device = torch.device(device) if device is not None else default_device()
     model = model.to(target_device).eval()
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, device=target_device)
+
+
+def model_vocab_size(name_or_path: str) -> int:
+    """The output vocabulary size from the model's config, without loading weights."""
+    from transformers import AutoConfig
+
+    source, gguf_file = resolve_model_dir(name_or_path)
+    config = AutoConfig.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
+    return int(config.vocab_size)

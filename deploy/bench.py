@@ -1,7 +1,9 @@
 """`specfleet bench`: every run side by side on the same prompts, model and machine, in one process.
 
-Runs (DESIGN.md §7): `ar` (plain target decoding), `single:<drafter>`, `policy:<name>`, and the
-computed `oracle` (per task, the best measured single drafter). Prompts are interleaved: for each
+Runs (DESIGN.md §7): `ar` (plain target decoding), `single:<drafter>`, `policy:<name>`,
+`serve:<name>` (the same policy through the HTTP service: Ray drafter actors, the coordinator
+actor, the Serve replica; at most one per bench) and the computed `oracle` (per task, the best
+measured single drafter). Prompts are interleaved: for each
 prompt every run generates in turn, so machine noise hits all runs alike; each run keeps its own
 fresh drafter pool (suffix caches learn only from that run's earlier prompts) and its own engine
 (warm-start statistics). `lossless` compares every prompt's greedy token ids with `ar`.
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import socket
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,30 @@ class BenchPrompt:
     task: str
     messages: list[dict] | None = None
     prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt's outcome in one run: what the report aggregates."""
+
+    token_ids: list[int]
+    seconds: float
+    rounds: int
+    per_drafter: dict
+    coordinator_s: float  # the target's draft calls, round trip
+    verify_s: float
+
+    @classmethod
+    def from_result(cls, result: GenerationResult, seconds: float) -> "Sample":
+        s = result.summary
+        return cls(result.token_ids, seconds, s["rounds"], s["per_drafter"], s["draft_s"], s["verify_s"])
+
+    @classmethod
+    def from_http(cls, body: dict, seconds: float) -> "Sample":
+        metrics = body["metrics"]
+        return cls(body["choices"][0]["token_ids"], seconds, metrics["timing"]["rounds"],
+                   metrics["speculative_decoding"]["per_drafter"], metrics["timing"]["coordinator_s"],
+                   metrics["timing"]["verify_s"])
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
@@ -66,12 +94,17 @@ def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str]) -> list[
         for run in matched:
             if run.startswith("single:") and run.removeprefix("single:") not in drafters:
                 raise InvalidRequestError("runs", f"{run!r}: drafter not in the pool {list(drafters)}")
-            if run.startswith("policy:"):
-                parse_policy(run.removeprefix("policy:"), drafters)
+            if run.startswith(("policy:", "serve:")):
+                parse_policy(run.split(":", 1)[1], drafters)
             elif run != "ar" and not run.startswith("single:"):
-                raise InvalidRequestError("runs", f"unknown run {run!r}; runs are ar, single:<drafter>, policy:<name>")
+                raise InvalidRequestError(
+                    "runs", f"unknown run {run!r}; runs are ar, single:<drafter>, policy:<name>, serve:<name>")
             if run not in runs:
                 runs.append(run)
+    if sum(run.startswith("serve:") for run in runs) > 1:
+        raise InvalidRequestError("runs", "at most one serve:<policy> run per bench (one coordinator per service)")
+    if any(run.startswith("serve:") for run in runs) and "hf" in drafters:
+        raise InvalidRequestError("runs", "serve runs support the model-free drafters only")
     return runs
 
 
@@ -85,10 +118,10 @@ def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, 
     return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k)
 
 
-def _aggregate(results: list[tuple[BenchPrompt, GenerationResult, float]], ar_tps: float | None) -> dict:
-    tokens = sum(len(r.token_ids) for _, r, _ in results)
-    seconds = sum(s for _, _, s in results)
-    rounds = sum(len(r.rounds) for _, r, _ in results)
+def _aggregate(samples: list[tuple[BenchPrompt, Sample]], ar_tps: float | None) -> dict:
+    tokens = sum(len(x.token_ids) for _, x in samples)
+    seconds = sum(x.seconds for _, x in samples)
+    rounds = sum(x.rounds for _, x in samples)
     tps = tokens / seconds if seconds else 0.0
     return {
         "tokens": tokens,
@@ -99,25 +132,30 @@ def _aggregate(results: list[tuple[BenchPrompt, GenerationResult, float]], ar_tp
     }
 
 
-def _run_row(name: str, results, ar_ids: dict[str, list[int]], ar_rows: dict | None) -> dict:
+def _run_row(name: str, samples: list[tuple[BenchPrompt, Sample]], ar_ids: dict[str, list[int]], ar_row: dict | None) -> dict:
     is_ar = name == "ar"
-    row = {"name": name, **_aggregate(results, None if is_ar else ar_rows["tokens_per_s"])}
-    row["lossless"] = all(r.token_ids == ar_ids[p.id] for p, r, _ in results)
+    row = {"name": name, **_aggregate(samples, None if is_ar else ar_row["tokens_per_s"])}
+    row["lossless"] = all(x.token_ids == ar_ids[p.id] for p, x in samples)
     if is_ar:
         row["mean_accepted_length"] = None
-    tasks = sorted({p.task for p, _, _ in results})
     row["per_task"] = {}
-    for task in tasks:
-        subset = [x for x in results if x[0].task == task]
-        agg = _aggregate(subset, None if is_ar else ar_rows["per_task"][task]["tokens_per_s"])
+    for task in sorted({p.task for p, _ in samples}):
+        agg = _aggregate([s for s in samples if s[0].task == task],
+                         None if is_ar else ar_row["per_task"][task]["tokens_per_s"])
         if is_ar:
             agg["mean_accepted_length"] = None
         row["per_task"][task] = agg
     pulls: dict[str, int] = {}
-    for _, r, _ in results:
-        for drafter, stats in r.summary["per_drafter"].items():
+    for _, x in samples:
+        for drafter, stats in x.per_drafter.items():
             pulls[drafter] = pulls.get(drafter, 0) + stats["steps"]
     row["drafter_rounds"] = pulls
+    rounds = sum(x.rounds for _, x in samples)
+    coordinator_s = sum(x.coordinator_s for _, x in samples)
+    verify_s = sum(x.verify_s for _, x in samples)
+    if rounds and not is_ar:  # what one round's draft call costs, and its share of the round
+        row["draft_ms_per_round"] = round(1000 * coordinator_s / rounds, 3)
+        row["draft_share_of_round"] = round(coordinator_s / (coordinator_s + verify_s), 4)
     return row
 
 
@@ -156,20 +194,29 @@ def run_bench(
 
     drafter_names = parse_drafter_names(drafters)
     run_names = expand_runs(runs, drafter_names)
-    engines = {run: make_engine(run, target, drafter_names, k, draft_model) for run in run_names}
+    engines = {run: make_engine(run, target, drafter_names, k, draft_model)
+               for run in run_names if not run.startswith("serve:")}
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     engines["ar"].generate(prompt="Warm up the kernels.", sampling=SamplingParams(max_tokens=8))
-    results: dict[str, list] = {run: [] for run in run_names}
+    service = _ServiceRun(next((r for r in run_names if r.startswith("serve:")), None), drafter_names, k, target.name)
+    results: dict[str, list[tuple[BenchPrompt, Sample]]] = {run: [] for run in run_names}
     bar = tqdm(total=len(prompts) * len(run_names), desc="bench", unit="gen", disable=not progress)
-    for item in prompts:
-        for run in run_names:
-            bar.set_postfix_str(f"{item.id} {run}")
-            start = time.perf_counter()
-            result = engines[run].generate(prompt=item.prompt, messages=item.messages, sampling=sampling)
-            results[run].append((item, result, time.perf_counter() - start))
-            bar.update(1)
-    bar.close()
-    ar_ids = {p.id: r.token_ids for p, r, _ in results["ar"]}
+    try:
+        for item in prompts:
+            for run in run_names:
+                bar.set_postfix_str(f"{item.id} {run}")
+                if run.startswith("serve:"):
+                    sample = service.generate(item, max_tokens)
+                else:
+                    start = time.perf_counter()
+                    result = engines[run].generate(prompt=item.prompt, messages=item.messages, sampling=sampling)
+                    sample = Sample.from_result(result, time.perf_counter() - start)
+                results[run].append((item, sample))
+                bar.update(1)
+    finally:
+        bar.close()
+        service.stop()
+    ar_ids = {p.id: x.token_ids for p, x in results["ar"]}
     rows: list[dict] = []
     for run in run_names:
         rows.append(_run_row(run, results[run], ar_ids, rows[0] if rows else None))
@@ -182,6 +229,47 @@ def run_bench(
                    "prompts": len(prompts)},
         "runs": rows,
     }
+
+
+class _ServiceRun:
+    """A `serve:<policy>` run: the local HTTP service (Ray actors + Serve) fed one prompt at a time."""
+
+    def __init__(self, run: str | None, drafters: Sequence[str], k: int, model: str) -> None:
+        self.url = None
+        if run is None:
+            return
+        from deploy.app import start_local_service
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.model = model
+        self.args = {"target": {"model": model}, "policy": run.removeprefix("serve:"), "k": k,
+                     "drafters": [{"name": d, "kind": d} for d in drafters]}
+        self.url = start_local_service(self.args, port=port)
+        self._post("/v1/completions", {"prompt": "Warm up.", "max_tokens": 4})
+
+    def _post(self, path: str, body: dict) -> dict:
+        body = {"model": self.model, "temperature": 0.0, "return_token_ids": True, **body}
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read())
+
+    def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        start = time.perf_counter()
+        if item.messages is not None:
+            body = self._post("/v1/chat/completions", {"messages": item.messages, "max_tokens": max_tokens})
+        else:
+            body = self._post("/v1/completions", {"prompt": item.prompt, "max_tokens": max_tokens})
+        return Sample.from_http(body, time.perf_counter() - start)
+
+    def stop(self) -> None:
+        if self.url is not None:
+            from deploy.app import stop_local_service
+
+            stop_local_service(self.args)
+            self.url = None
 
 
 def render_table(report: dict) -> str:

@@ -1,4 +1,4 @@
-"""The `specfleet` command line: `generate` and `bench` (in-process engine on one machine).
+"""The `specfleet` command line: `generate` and `bench` (in-process engine), `serve` (Ray Serve).
 
 Errors in user input print `error: <field>: <message>` and exit with status 2.
 """
@@ -90,6 +90,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from deploy.app import serve_forever
+
+    serve_forever(args.config, host=args.host, port=args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
     from policy.registry import DEFAULT_POLICY
@@ -124,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(func=cmd_bench)
+
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API on a local Ray cluster (127.0.0.1)")
+    srv.add_argument("--config", default=str(Path(__file__).parent / "serve_config.yaml"),
+                     help="a Ray Serve config whose application `specfleet` holds the args")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -1,12 +1,12 @@
-"""The speculative engine: one request's draft -> verify -> accept loop, in one process.
+"""The speculative engine: one request's draft -> verify -> accept loop on the target.
 
-Per round: the request's bandit selects a drafter; that drafter gets only the committed tokens it
-has not seen yet and proposes up to k tokens; one target forward over [last token, draft] gives
-p for every draft position plus the bonus position; `verify` accepts losslessly; the target's KV
-cache is cropped to the accepted path; the round's reward updates the request's bandit and the
-engine-wide statistics that warm-start the next request. The no-draft arm, an empty proposal or
-a one-token budget make the round a plain target step. Greedy output equals plain decoding token
-for token; sampled output follows the target's distribution.
+Per round: one coordinator call (the newly committed tokens and the previous round's feedback
+go in, a proposal of up to k tokens comes out: the coordinator's bandit chose the drafter); one
+target forward over [last token, draft] gives p for every draft position plus the bonus
+position; `verify` accepts losslessly; the target's KV cache is cropped to the accepted path;
+the round's reward (computed here, where the timings are) rides on the next call. The no-draft
+arm, an empty proposal or a one-token budget make the round a plain target step. Greedy output
+equals plain decoding token for token; sampled output follows the target's distribution.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams
 from deploy.target import TargetModel
 from deploy.verify import verify
-from policy.bandit import ArmStats
-from policy.registry import DEFAULT_POLICY, parse_policy
+from policy.coordinator import Coordinator, Feedback
+from policy.registry import DEFAULT_POLICY
 from policy.reward import COST, round_reward
 
 MAX_K = 32
@@ -39,8 +39,9 @@ class RoundTrace:
     accepted: int
     emitted: int
     reward: float
-    draft_s: float
+    draft_s: float  # the coordinator call as the target saw it (selection, RPCs, drafting)
     verify_s: float
+    drafter_s: float = 0.0  # the drafter's own drafting time
 
 
 @dataclass(frozen=True)
@@ -81,29 +82,37 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
+    """Runs requests against one target. Drafting goes through a coordinator: a local
+    `Coordinator` over `drafters` (default), or any object with the same `propose` / `finish` /
+    `reward_kind` (the Ray coordinator actor's proxy)."""
+
     def __init__(
         self,
         target: TargetModel,
-        drafters: Mapping[str, Proposer],
+        drafters: Mapping[str, Proposer] | None = None,
         policy: str = DEFAULT_POLICY,
         k: int = 7,
         seed: int = 0,
         max_padding: int = 4,
+        coordinator: Coordinator | None = None,
     ) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
-        self.target, self.drafters, self.k = target, dict(drafters), k
-        self.policy = parse_policy(policy, list(self.drafters))
-        self.global_stats: dict[str, ArmStats] = {arm: ArmStats() for arm in self.policy.arms}
-        self.rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()  # bandit statistics are shared across requests
+        if (drafters is None) == (coordinator is None):
+            raise ValueError("give drafters (a local coordinator is built) or a coordinator, not both")
+        self.target, self.k = target, k
+        self.coordinator = coordinator if coordinator is not None else Coordinator(drafters, policy, seed)
+        self.reward_kind = self.coordinator.reward_kind
+        self._seeds = np.random.default_rng(seed)
+        self._seed_lock = threading.Lock()
         # Forward sizes cost non-monotonically on CPU (measured once per target): a draft's forward
         # is padded with up to max_padding throwaway positions when a larger size is cheaper.
         self.max_padding = max_padding
         self.max_positions = k + 1 + max_padding
-        if max_padding and any(arm != NO_DRAFT for arm in self.policy.arms):
+        only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
+        if max_padding and not only_plain:
             target.forward_profile(self.max_positions)
-        self.plain_step_s = target.plain_step_s() if self.policy.reward == COST else 0.0
+        self.plain_step_s = target.plain_step_s() if self.reward_kind == COST else 0.0
 
     def generate(
         self,
@@ -113,33 +122,33 @@ class SpeculativeEngine:
         token_ids: Sequence[int] | None = None,
         sampling: SamplingParams = SamplingParams(),
     ) -> GenerationResult:
-        prompt_ids = self.target.encode(prompt=prompt, messages=messages, token_ids=token_ids)
+        return self.run(self.target.encode(prompt=prompt, messages=messages, token_ids=token_ids), sampling)
+
+    def run(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None) -> GenerationResult:
+        """Generate from prompt token ids; `on_tokens(list[int])` is called with each round's output."""
         self.target.check_length(len(prompt_ids), sampling.max_tokens)
-        session = uuid.uuid4().hex
-        with self._lock:
-            bandit = self.policy.make(self.global_stats, np.random.default_rng(self.rng.integers(2**63)))
-            seed = sampling.seed if sampling.seed is not None else int(self.rng.integers(2**62))
+        request_id = uuid.uuid4().hex
+        with self._seed_lock:
+            seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
         generator = torch.Generator().manual_seed(seed)
         tokens = list(prompt_ids)  # committed context; the cache always covers tokens[:-1]
-        sent = {name: 0 for name in self.drafters}  # committed tokens each drafter has seen
+        sent = 0  # committed tokens the coordinator has seen
         cache = self.target.new_cache()
         if len(tokens) > 1:
             self.target.forward(cache, tokens[:-1])
         output: list[int] = []
         rounds: list[RoundTrace] = []
+        feedback: Feedback | None = None
         finish: str | None = None
         try:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
-                arm = bandit.select(1)[0]
-                draft, q, draft_s = (), None, 0.0
-                if budget > 0:
-                    start = time.perf_counter()
-                    proposal = self.drafters[arm].propose(session, tokens[sent[arm] :], budget, sampling)
-                    draft_s = time.perf_counter() - start
-                    sent[arm] = len(tokens)
-                    draft = proposal.token_ids[:budget]
-                    q = proposal.q[: len(draft)] if proposal.q is not None else None
+                start = time.perf_counter()
+                proposal = self.coordinator.propose(request_id, tokens[sent:], feedback, max(budget, 0), sampling)
+                draft_s = time.perf_counter() - start
+                sent = len(tokens)
+                draft = proposal.token_ids[: max(budget, 0)]
+                q = proposal.q[: len(draft)] if proposal.q is not None else None
                 start = time.perf_counter()
                 positions = [tokens[-1], *draft]
                 if self.max_padding and draft:  # extra positions only change speed; their K/V is cropped
@@ -149,14 +158,23 @@ class SpeculativeEngine:
                 result = verify(draft, q, logits, sampling, generator)
                 self.target.crop(cache, len(tokens) + result.accepted)
                 verify_s = time.perf_counter() - start
-                reward = self._feedback(bandit, arm, result.accepted, len(draft), result.overlaps, draft_s, verify_s)
+                if not draft and self.plain_step_s:
+                    self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s  # track the plain step's cost
+                reward = round_reward(
+                    self.reward_kind, accepted=result.accepted, drafted=len(draft), overlaps=result.overlaps,
+                    draft_s=draft_s, verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
+                )
+                feedback = Feedback(proposal.drafter, len(draft), result.accepted, reward) if budget > 0 else None
+                before = len(output)
                 emitted, finish = self._emit(output, result.token_ids, sampling)
                 tokens.extend(result.token_ids)
-                rounds.append(RoundTrace(arm, len(draft), result.accepted, emitted, reward, draft_s, verify_s))
+                rounds.append(RoundTrace(proposal.drafter, len(draft), result.accepted, emitted, reward, draft_s, verify_s,
+                                          proposal.draft_s))
+                if on_tokens is not None and emitted:
+                    on_tokens(output[before:])
         finally:
             committed = list(prompt_ids) + output
-            for name, drafter in self.drafters.items():
-                drafter.release(session, committed[sent[name] :])
+            self.coordinator.finish(request_id, committed[sent:], feedback)
         text = self.target.decode(output)
         cuts = [cut for cut in (text.find(stop) for stop in sampling.stop) if cut >= 0]
         if cuts:
@@ -164,19 +182,6 @@ class SpeculativeEngine:
             while output and any(stop in self.target.decode(output[:-1]) for stop in sampling.stop):
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
-
-    def _feedback(self, bandit, arm: str, accepted: int, drafted: int, overlaps, draft_s: float, verify_s: float) -> float:
-        if drafted == 0 and self.plain_step_s:
-            self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s  # track the plain step's cost
-        reward = round_reward(
-            self.policy.reward, accepted=accepted, drafted=drafted, overlaps=overlaps, draft_s=draft_s,
-            verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
-        )
-        bandit.update(arm, reward)
-        with self._lock:
-            if arm in self.global_stats:
-                self.global_stats[arm].add(reward)
-        return reward
 
     def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:
         """Append a round's tokens to the output, honouring EOS, max_tokens and stop strings."""

@@ -6,7 +6,7 @@ CORE_MODULES = [
     "actors.proposal", "actors.session", "actors.kv_cache", "actors.ngram", "actors.suffix", "actors.hf", "actors.hierarchy",
     "actors.no_draft", "actors.models", "actors.pool",
     "policy.bandit", "policy.ucb", "policy.sw_ucb", "policy.exp3", "policy.thompson", "policy.sequential_halving",
-    "policy.random_arm", "policy.fixed", "policy.reward", "policy.registry",
+    "policy.random_arm", "policy.fixed", "policy.reward", "policy.registry", "policy.coordinator",
     "deploy.errors", "deploy.sampling", "deploy.verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.cli",
 ]
 

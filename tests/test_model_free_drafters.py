@@ -92,3 +92,25 @@ def test_hierarchy_forwards_every_unseen_token_to_each_source_on_release():
 
 def test_the_no_draft_arm_proposes_nothing():
     assert NoDraftProposer().propose("r", [1, 2, 3], 5, GREEDY).token_ids == ()
+
+
+def test_sessions_idle_past_their_ttl_are_evicted_when_a_new_one_opens(monkeypatch):
+    from actors import session as session_module
+    from actors.session import SessionStore
+
+    now = [1000.0]
+    monkeypatch.setattr(session_module.time, "monotonic", lambda: now[0])
+    store = SessionStore(ttl_s=60, max_sessions=10)
+    store.extend("old", [1])
+    now[0] += 61
+    store.extend("new", [2])
+    assert store.pop("old") is None and store.pop("new").tokens == [2]
+
+
+def test_the_session_store_is_bounded_in_count():
+    from actors.session import SessionStore
+
+    store = SessionStore(ttl_s=1e9, max_sessions=2)
+    for name in ("a", "b", "c"):
+        store.extend(name, [1])
+    assert len(store) == 2 and store.pop("a") is None

@@ -1,0 +1,77 @@
+"""Drafter actors: any drafter kind behind a named Ray actor `specfleet:drafter:<name>`.
+
+`DrafterActor` is a plain class that builds its Proposer inside the actor process (a model
+drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
+`propose` / `release` with per-request sessions. `start_drafter_actor` applies `ray.remote` at
+build time with the spec's resources. `RemoteProposer` gives the coordinator the ordinary
+Proposer interface over an actor handle.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from actors.proposal import Proposal
+from deploy.sampling import SamplingParams
+
+DRAFTER_PREFIX = "specfleet:drafter:"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str
+    kind: str
+    model: str | None = None  # draft model for `hf` (and the hierarchy's last resort)
+    num_layers: int | None = None
+    dtype: str = "float32"
+    num_gpus: float = 0.0
+    num_cpus: float = 0.0
+
+
+class DrafterActor:
+    def __init__(self, spec: DrafterSpec, target_vocab_size: int) -> None:
+        from actors.models import load_causal_lm
+        from actors.pool import build_drafters
+
+        draft_model = None
+        if spec.model is not None:
+            draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
+        self.spec = spec
+        self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size)[spec.kind]
+
+    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        return self.proposer.propose(session, context_delta, k, sampling)
+
+    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
+        self.proposer.release(session, context_delta)
+
+    def open_sessions(self) -> int:
+        sessions = getattr(self.proposer, "sessions", None)
+        return len(sessions) if sessions is not None else 0
+
+
+def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int):
+    import ray
+
+    from cluster.local import NAMESPACE
+
+    actor = ray.remote(DrafterActor).options(
+        name=DRAFTER_PREFIX + spec.name, namespace=NAMESPACE, num_gpus=spec.num_gpus, num_cpus=spec.num_cpus,
+        max_restarts=-1, max_task_retries=0, lifetime="detached",
+    )
+    return actor.remote(spec, target_vocab_size)
+
+
+class RemoteProposer:
+    """The Proposer interface over a drafter actor handle."""
+
+    def __init__(self, name: str, handle) -> None:
+        self.name, self.handle = name, handle
+
+    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        import ray
+
+        return ray.get(self.handle.propose.remote(session, list(context_delta), k, sampling))
+
+    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
+        self.handle.release.remote(session, list(context_delta))  # fire and forget; calls stay ordered

@@ -1,0 +1,81 @@
+"""The service configuration: the `args` of `deploy/serve_config.yaml`, validated by pydantic.
+
+Errors name the field (pydantic's location, e.g. `drafters.1.kind`). Drafter kinds and policy
+names are checked against the same tables the engine uses.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from actors.models import DEFAULT_MODEL, DTYPES
+from actors.pool import DRAFTER_KINDS
+from policy.registry import DEFAULT_POLICY, parse_policy
+
+
+class TargetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = DEFAULT_MODEL
+    dtype: str = "float32"
+
+    @field_validator("dtype")
+    @classmethod
+    def known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
+            raise ValueError(f"must be one of {sorted(DTYPES)}")
+        return value
+
+
+class DrafterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    kind: str
+    model: str | None = None
+    num_layers: int | None = Field(default=None, ge=1)
+    num_gpus: float = Field(default=0.0, ge=0)
+    num_cpus: float = Field(default=0.0, ge=0)
+
+    @field_validator("kind")
+    @classmethod
+    def known_kind(cls, value: str) -> str:
+        if value not in DRAFTER_KINDS:
+            raise ValueError(f"must be one of {list(DRAFTER_KINDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def model_drafter_needs_a_model(self) -> "DrafterConfig":
+        if self.kind == "hf" and not self.model:
+            raise ValueError("an hf drafter needs `model`")
+        return self
+
+
+class SamplingDefaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+
+
+class ServiceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    target: TargetConfig = TargetConfig()
+    drafters: list[DrafterConfig] = Field(
+        default_factory=lambda: [DrafterConfig(name=k, kind=k) for k in ("ngram", "suffix", "hierarchy", "none")],
+        min_length=1,
+    )
+    policy: str = DEFAULT_POLICY
+    k: int = Field(default=7, ge=1, le=32)
+    max_padding: int = Field(default=4, ge=0, le=16)
+    served_model_name: str | None = None
+    sampling: SamplingDefaults = SamplingDefaults()
+
+    @model_validator(mode="after")
+    def names_and_policy_are_consistent(self) -> "ServiceConfig":
+        names = [d.name for d in self.drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafter names must be unique, got {names}")
+        parse_policy(self.policy, names)  # raises InvalidRequestError naming `policy`
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.target.model
