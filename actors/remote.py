@@ -3,8 +3,7 @@
 `DrafterActor` is a plain class that builds its Proposer inside the actor process (a model
 drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
 `propose` / `release` with per-request sessions. `start_drafter_actor` applies `ray.remote` at
-build time with the spec's resources. `RemoteProposer` gives the coordinator the ordinary
-Proposer interface over an actor handle.
+build time with the spec's resources; the coordinator actor awaits its calls.
 """
 from __future__ import annotations
 
@@ -60,18 +59,3 @@ def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int):
         max_restarts=-1, max_task_retries=0, lifetime="detached",
     )
     return actor.remote(spec, target_vocab_size)
-
-
-class RemoteProposer:
-    """The Proposer interface over a drafter actor handle."""
-
-    def __init__(self, name: str, handle) -> None:
-        self.name, self.handle = name, handle
-
-    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
-        import ray
-
-        return ray.get(self.handle.propose.remote(session, list(context_delta), k, sampling))
-
-    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
-        self.handle.release.remote(session, list(context_delta))  # fire and forget; calls stay ordered

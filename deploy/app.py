@@ -36,9 +36,11 @@ def start_pool(config: ServiceConfig) -> None:
     except ValueError:
         pass
     vocab = model_vocab_size(config.target.model)
+    cluster_gpus = ray.cluster_resources().get("GPU", 0)
     handles = {}
     for d in config.drafters:
-        spec = DrafterSpec(d.name, d.kind, d.model, d.num_layers, config.target.dtype, d.num_gpus, d.num_cpus)
+        num_gpus = d.num_gpus if d.num_gpus is not None else (1.0 if d.model and cluster_gpus >= 1 else 0.0)
+        spec = DrafterSpec(d.name, d.kind, d.model, d.num_layers, config.target.dtype, num_gpus, d.num_cpus)
         handles[d.name] = start_drafter_actor(spec, vocab)
     ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
     coordinator = start_coordinator_actor(handles, config.policy)

@@ -31,7 +31,7 @@ class DrafterConfig(BaseModel):
     kind: str
     model: str | None = None
     num_layers: int | None = Field(default=None, ge=1)
-    num_gpus: float = Field(default=0.0, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)  # None: 1 for a model drafter when the cluster has GPUs
     num_cpus: float = Field(default=0.0, ge=0)
 
     @field_validator("kind")

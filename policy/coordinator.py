@@ -8,12 +8,13 @@ One call per speculation round from the target:
 `new_tokens` are the tokens the target committed since its previous call (the prompt on the
 first call); `feedback` describes the previous round (feedback for round t rides on the call of
 round t+1). The coordinator keeps per request the committed context, the request's bandit
-(warm-started from global statistics unless the policy is `-cold`) and how much of the context
+(cold, or warm-started from global statistics with `-warm`) and how much of the context
 each drafter has seen, so a drafter receives only its unseen tokens (catch-up after rounds it sat
 out). `finish` learns the last round and releases every drafter's session.
 
-`Coordinator` is a plain class (tested without Ray); `build_coordinator_actor` applies
-`ray.remote` at build time and names the actor `specfleet:coordinator`.
+`Coordinator` is a plain class (tested without Ray); `CoordinatorActor` is its async Ray actor
+body, and `start_coordinator_actor` applies `ray.remote` at build time and names the actor
+`specfleet:coordinator`.
 """
 from __future__ import annotations
 
@@ -75,14 +76,14 @@ class Coordinator:
     def policy(self) -> str:
         return self.spec.name
 
-    def propose(
-        self,
-        request_id: str,
-        new_tokens: Sequence[int],
-        feedback: Feedback | None,
-        k: int,
-        sampling: SamplingParams,
-    ) -> Proposal:
+    def select(
+        self, request_id: str, new_tokens: Sequence[int], feedback: Feedback | None, k: int
+    ) -> tuple[str, list[int]] | None:
+        """Record the committed tokens and the feedback, pick this round's drafter.
+
+        -> (drafter, the committed tokens it has not seen yet), or None when k <= 0 (no room to
+        draft: a plain step that nobody learns from).
+        """
         with self._lock:
             request = self.requests.get(request_id)
             if request is None:
@@ -91,24 +92,47 @@ class Coordinator:
             request.tokens.extend(int(t) for t in new_tokens)
             if feedback is not None:
                 self._learn(request, feedback)
-            if k <= 0:  # no room to draft (one token left): a plain step nobody learns from
-                return Proposal(drafter=NO_DRAFT)
+            if k <= 0:
+                return None
             arm = request.bandit.select(1)[0]
             delta = request.tokens[request.sent.get(arm, 0) :]
             request.sent[arm] = len(request.tokens)
-        proposal = self.drafters[arm].propose(request_id, delta, k, sampling)
-        return Proposal(arm, proposal.token_ids[:k], proposal.q[:k] if proposal.q is not None else None, proposal.draft_s)
+            return arm, delta
 
-    def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: Feedback | None = None) -> None:
+    @staticmethod
+    def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
+        """The drafter's proposal under the arm's name, at most k tokens."""
+        q = proposal.q[:k] if proposal.q is not None else None
+        return Proposal(arm, proposal.token_ids[:k], q, proposal.draft_s)
+
+    def propose(
+        self,
+        request_id: str,
+        new_tokens: Sequence[int],
+        feedback: Feedback | None,
+        k: int,
+        sampling: SamplingParams,
+    ) -> Proposal:
+        choice = self.select(request_id, new_tokens, feedback, k)
+        if choice is None:
+            return Proposal(drafter=NO_DRAFT)
+        arm, delta = choice
+        return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
+
+    def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: Feedback | None = None) -> dict[str, list[int]]:
+        """Learn the last round and forget the request. -> per drafter, the tokens it has not seen."""
         with self._lock:
             request = self.requests.pop(request_id, None)
             if request is None:
-                return
+                return {}
             request.tokens.extend(int(t) for t in new_tokens)
             if feedback is not None:
                 self._learn(request, feedback)
-        for name, drafter in self.drafters.items():
-            drafter.release(request_id, request.tokens[request.sent.get(name, 0) :])
+        return {name: request.tokens[request.sent.get(name, 0) :] for name in self.drafters}
+
+    def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: Feedback | None = None) -> None:
+        for name, delta in self.close(request_id, new_tokens, feedback).items():
+            self.drafters[name].release(request_id, delta)
 
     def _learn(self, request: _Request, feedback: Feedback) -> None:
         request.bandit.update(feedback.drafter, feedback.reward)
@@ -141,18 +165,39 @@ class Coordinator:
             }
 
 
+class CoordinatorActor:
+    """The async Ray actor body: `Coordinator`'s bandit logic, drafting awaited on drafter actors,
+    so concurrent requests' rounds never wait on each other's drafting."""
+
+    def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0) -> None:
+        self.core = Coordinator(drafters, policy, seed)  # values are drafter actor handles
+
+    async def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
+        choice = self.core.select(request_id, new_tokens, feedback, k)
+        if choice is None:
+            return Proposal(drafter=NO_DRAFT)
+        arm, delta = choice
+        proposal = await self.core.drafters[arm].propose.remote(request_id, delta, k, sampling)
+        return Coordinator.as_round(arm, proposal, k)
+
+    async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
+        for name, delta in self.core.close(request_id, new_tokens, feedback).items():
+            self.core.drafters[name].release.remote(request_id, delta)  # fire and forget, ordered per caller
+
+    async def stats(self) -> dict:
+        return self.core.stats()
+
+
 def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0):
-    """A named, threaded Ray actor over `Coordinator`; `drafters` maps names to drafter actor handles."""
+    """The named async actor `specfleet:coordinator` over drafter actor handles."""
     import ray
 
-    from actors.remote import RemoteProposer
     from cluster.local import NAMESPACE
 
-    proposers = {name: RemoteProposer(name, handle) for name, handle in drafters.items()}
-    actor = ray.remote(Coordinator).options(
-        name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=64, lifetime="detached",
+    actor = ray.remote(CoordinatorActor).options(
+        name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=256, lifetime="detached",
     )
-    return actor.remote(proposers, policy, seed)
+    return actor.remote(dict(drafters), policy, seed)
 
 
 def connect_coordinator() -> "RemoteCoordinator":

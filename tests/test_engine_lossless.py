@@ -38,7 +38,7 @@ def test_every_drafter_reproduces_plain_greedy_decoding(target, early_exit_draft
     assert last.summary["num_accepted_draft_tokens"] > 0  # the drafter really drafted and was verified
 
 
-@pytest.mark.parametrize("policy", list(BASE_POLICY_NAMES) + ["metasd-ucb-cost-cold"])
+@pytest.mark.parametrize("policy", list(BASE_POLICY_NAMES) + ["metasd-ucb-cost-warm"])
 def test_every_policy_reproduces_plain_greedy_decoding(target, early_exit_drafter_model, plain, policy):
     drafters = build_drafters(["ngram", "suffix", "hierarchy", "hf", NO_DRAFT], early_exit_drafter_model, target.vocab_size)
     assert_matches_plain(SpeculativeEngine(target, drafters, policy=policy), plain)
