@@ -12,6 +12,12 @@ from actors.pool import DRAFTER_KINDS
 from policy.registry import DEFAULT_POLICY, parse_policy
 
 
+def _one_of(value: str, allowed: list[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"must be one of {allowed}")
+    return value
+
+
 class TargetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = DEFAULT_MODEL
@@ -20,9 +26,7 @@ class TargetConfig(BaseModel):
     @field_validator("dtype")
     @classmethod
     def known_dtype(cls, value: str) -> str:
-        if value not in DTYPES:
-            raise ValueError(f"must be one of {sorted(DTYPES)}")
-        return value
+        return _one_of(value, sorted(DTYPES))
 
 
 class DrafterConfig(BaseModel):
@@ -37,9 +41,7 @@ class DrafterConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def known_kind(cls, value: str) -> str:
-        if value not in DRAFTER_KINDS:
-            raise ValueError(f"must be one of {list(DRAFTER_KINDS)}")
-        return value
+        return _one_of(value, list(DRAFTER_KINDS))
 
     @model_validator(mode="after")
     def model_drafter_needs_a_model(self) -> "DrafterConfig":

@@ -27,7 +27,7 @@ from deploy.target import TargetModel
 from deploy.verify import verify
 from policy.coordinator import Coordinator, Feedback
 from policy.registry import DEFAULT_POLICY
-from policy.reward import COST, round_reward
+from policy.reward import BD, COST, round_reward
 
 MAX_K = 32
 
@@ -144,18 +144,17 @@ class SpeculativeEngine:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
                 start = time.perf_counter()
-                proposal = self.coordinator.propose(request_id, tokens[sent:], feedback, max(budget, 0), sampling)
+                proposal = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
-                draft = proposal.token_ids[: max(budget, 0)]
-                q = proposal.q[: len(draft)] if proposal.q is not None else None
+                draft, q = proposal.token_ids, proposal.q  # the coordinator caps both at budget
                 start = time.perf_counter()
                 positions = [tokens[-1], *draft]
                 if self.max_padding and draft:  # extra positions only change speed; their K/V is cropped
                     size = self.target.padded_length(len(positions), self.max_positions)
                     positions += [draft[-1]] * (size - len(positions))
                 logits = self.target.forward(cache, positions)[: len(draft) + 1]  # [d+1, V]
-                result = verify(draft, q, logits, sampling, generator)
+                result = verify(draft, q, logits, sampling, generator, with_overlaps=self.reward_kind == BD)
                 self.target.crop(cache, len(tokens) + result.accepted)
                 verify_s = time.perf_counter() - start
                 if not draft and self.plain_step_s:

@@ -81,17 +81,24 @@ def verify(
     target_logits: torch.Tensor,
     sampling: SamplingParams,
     generator: torch.Generator,
+    with_overlaps: bool = True,
 ) -> Verification:
-    """Verify one draft. target_logits: [d+1, V], row j = target logits for draft position j."""
+    """Verify one draft. target_logits: [d+1, V], row j = target logits for draft position j.
+
+    `with_overlaps=False` skips the BD terms (greedy rounds then need no softmax at all).
+    """
     d, vocab = len(draft), target_logits.shape[-1]
-    # [d+1, V] under sampling; under greedy only the d drafted rows, at temperature 1, for the BD terms
-    p = warp_probs(target_logits if not sampling.greedy else target_logits[:d], sampling)
-    q_dense = None if q is None and sampling.greedy else dense_q(q, draft, vocab)  # [d, V]
     if sampling.greedy:
         accepted, emitted = greedy_accept(draft, target_logits)
+        if not with_overlaps:
+            return Verification(accepted=accepted, token_ids=tuple(emitted), num_drafted=d, overlaps=())
+        p = warp_probs(target_logits[:d], sampling)  # [d, V] at temperature 1, for the BD terms
+        q_dense = None if q is None else dense_q(q, draft, vocab)  # [d, V]
     else:
+        p = warp_probs(target_logits, sampling)  # [d+1, V]
+        q_dense = dense_q(q, draft, vocab)  # [d, V]
         accepted, emitted = speculative_accept(draft, p, q_dense, generator)
-    if d == 0:
+    if not with_overlaps or d == 0:
         overlaps: tuple[float, ...] = ()
     elif q is None:  # point mass: Σ_v min(p, one_hot(x)) = p(x)
         overlaps = tuple(p[torch.arange(d), torch.tensor(draft, dtype=torch.long)].tolist())
