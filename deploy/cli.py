@@ -79,13 +79,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = prompts[: args.limit]
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
-                       drafters=args.drafters, draft_model=draft_model, progress=not args.no_progress)
+                       drafters=args.drafters, draft_model=draft_model, progress=not args.no_progress,
+                       concurrency=args.concurrency, trace_prompt=args.trace_prompt)
     table = render_table(report)
     if args.out:
+        from deploy.bench.charts import drafter_chart, speedup_chart
+
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
-        out.with_suffix(".md").write_text(table + "\n")
+        charts = [speedup_chart(report, out.with_suffix(".speedup.png")),
+                  drafter_chart(report, out.with_suffix(".drafters.png"))]
+        images = "".join(f"\n![{c.stem}]({c.name})\n" for c in charts if c is not None)
+        out.with_suffix(".md").write_text(table + "\n" + images)
     print(table)
     return 0
 
@@ -93,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.app import serve_forever
 
-    serve_forever(args.config, host=args.host, port=args.port)
+    serve_forever(args.config, host=args.host, port=args.port, grpc_port=args.grpc_port)
     return 0
 
 
@@ -125,18 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(bench)
     bench.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL: {id, task, messages|prompt}")
     bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list; globs allowed (single:*, policy:*)")
-    bench.add_argument("--out", default=None, help="write the JSON report here (and a .md table beside it)")
+    bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list: ar, peer:<name>, single:<drafter>, policy:<name>, serve:<policy>; globs allowed (peer:*, single:*)")
+    bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    bench.add_argument("--concurrency", default="1",
+                       help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
+    bench.add_argument("--trace-prompt", default=None,
+                       help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(func=cmd_bench)
 
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API on a local Ray cluster (127.0.0.1)")
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API and gRPC on a local Ray cluster (127.0.0.1)")
     srv.add_argument("--config", default=str(Path(__file__).parent / "serve_config.yaml"),
                      help="a Ray Serve config whose application `specfleet` holds the args")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--grpc-port", type=int, default=9000,
+                     help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/proto/specfleet.proto)")
     srv.set_defaults(func=cmd_serve)
     return parser
 

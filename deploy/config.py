@@ -1,7 +1,9 @@
 """The service configuration: the `args` of `deploy/serve_config.yaml`, validated by pydantic.
 
 Errors name the field (pydantic's location, e.g. `drafters.1.kind`). Drafter kinds and policy
-names are checked against the same tables the engine uses.
+names are checked against the same tables the engine uses. API keys never sit here: the config
+may only name a key file (`api_key_file`, see deploy/auth.py); `api_keys` is refused without
+echoing its value.
 """
 from __future__ import annotations
 
@@ -69,6 +71,24 @@ class ServiceConfig(BaseModel):
     max_padding: int = Field(default=4, ge=0, le=16)
     served_model_name: str | None = None
     sampling: SamplingDefaults = SamplingDefaults()
+    api_key_file: str | None = None  # a file of API keys (one a line); keys also come from SPECFLEET_API_KEYS
+    api_keys: None = Field(default=None, exclude=True)  # only to refuse keys written into the config
+
+    @model_validator(mode="before")
+    @classmethod
+    def redact_keys(cls, data: object) -> object:
+        """Keys written into the config are refused below; redacted first so no error echoes them."""
+        if isinstance(data, dict) and ({"api_keys", "api_key"} & set(data)):
+            data = {k: v for k, v in data.items() if k not in ("api_keys", "api_key")} | {"api_keys": "<redacted>"}
+        return data
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def no_keys_in_the_config(cls, value: object) -> None:
+        if value is not None:
+            raise ValueError("API keys do not belong in the config (it is readable by whoever reads the "
+                             "config or Serve's status): set SPECFLEET_API_KEYS or point api_key_file at a key file")
+        return None
 
     @model_validator(mode="after")
     def names_and_policy_are_consistent(self) -> "ServiceConfig":

@@ -135,7 +135,7 @@ class SpeculativeEngine:
         sent = 0  # committed tokens the coordinator has seen
         cache = self.target.new_cache()
         if len(tokens) > 1:
-            self.target.forward(cache, tokens[:-1])
+            self.target.forward(cache, tokens[:-1], logits_for=0)  # prefill: only the K/V cache is needed
         output: list[int] = []
         rounds: list[RoundTrace] = []
         feedback: Feedback | None = None
@@ -153,7 +153,7 @@ class SpeculativeEngine:
                 if self.max_padding and draft:  # extra positions only change speed; their K/V is cropped
                     size = self.target.padded_length(len(positions), self.max_positions)
                     positions += [draft[-1]] * (size - len(positions))
-                logits = self.target.forward(cache, positions)[: len(draft) + 1]  # [d+1, V]
+                logits = self.target.forward(cache, positions, logits_for=len(draft) + 1)  # [d+1, V]
                 result = verify(draft, q, logits, sampling, generator, with_overlaps=self.reward_kind == BD)
                 self.target.crop(cache, len(tokens) + result.accepted)
                 verify_s = time.perf_counter() - start

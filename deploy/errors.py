@@ -1,7 +1,10 @@
-"""One error type for bad user input: it names the offending field.
+"""Error types every front end maps the same way (HTTP status / gRPC status code).
 
-Every layer (sampling params, engine, drafter pool, policy registry) raises `InvalidRequestError`
-so the CLI and, later, the HTTP layer can turn it into a clear message naming `field`.
+`InvalidRequestError` (bad user input; names the field): every layer (sampling params, engine,
+drafter pool, policy registry) raises it; the CLI prints it, HTTP answers 400 naming `param`,
+gRPC INVALID_ARGUMENT with details `<field>: <message>`.
+`TargetUnavailableError`: the target could not generate (its model or its drafting pool failed,
+e.g. the coordinator actor died); HTTP answers 503, gRPC UNAVAILABLE. Retrying later may succeed.
 """
 from __future__ import annotations
 
@@ -13,3 +16,10 @@ class InvalidRequestError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    def __reduce__(self):  # pickles (e.g. across Ray processes) with both arguments
+        return type(self), (self.field, self.message)
+
+
+class TargetUnavailableError(RuntimeError):
+    """The target failed while generating; the cause is chained (`__cause__`), not in the message."""

@@ -1,31 +1,36 @@
-"""The target replica's HTTP front: OpenAI-compatible routes on a plain class.
+"""The target replica's fronts: OpenAI-compatible HTTP routes and the gRPC methods, on a plain class.
 
 `SpecfleetServer` holds the target model and a `SpeculativeEngine` whose drafting goes through
 the coordinator (the Ray actor `specfleet:coordinator` when `coordinator="actor"`, or an
-in-process one). Routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with
+in-process one). HTTP routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with
 `stream: true`, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`),
-GET /v1/models, /health and /metrics. Generation runs in worker threads, one KV cache per
-request, so concurrent requests never share state. Bad input gets OpenAI-style JSON errors
-(400 naming the field, 404 for an unknown model). deploy/app.py applies `serve.ingress` and
-`serve.deployment` at build time; this module never imports Ray.
+GET /v1/models, /health and /metrics. gRPC (deploy/proto/specfleet.proto, through Serve's gRPC
+proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Generation runs in worker
+threads, one KV cache per request, so concurrent requests never share state; both fronts share
+request validation, streaming (deploy/generation.py) and the API-key check (deploy/auth.py).
+Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknown model) or
+INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAUTHENTICATED on
+/v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
+deploy/app.py applies `serve.ingress` and `serve.deployment` at build time; this module never
+imports Ray.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-import time
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from actors.models import load_causal_lm
 from actors.pool import build_drafters
+from deploy.auth import ApiKeys, AuthenticationError
 from deploy.config import ServiceConfig
-from deploy.engine import GenerationResult, SpeculativeEngine
-from deploy.errors import InvalidRequestError
+from deploy.engine import SpeculativeEngine
+from deploy.errors import InvalidRequestError, TargetUnavailableError
+from deploy.generation import Finished, generate, sampling_for, stream
 from deploy.metrics import ServiceMetrics
 from deploy.openai_api import (
     ChatCompletionRequest,
@@ -48,14 +53,19 @@ def _error(message: str, param: str | None, status: int, error_type: str = "inva
     return JSONResponse(error_body(message, param, status, error_type), status_code=status)
 
 
+def _unavailable(err: TargetUnavailableError) -> dict:
+    return error_body(str(err), None, 503, "service_unavailable_error")
+
+
 def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
 class SpecfleetServer:
-    def __init__(self, config: dict, coordinator: str = "local") -> None:
+    def __init__(self, config: dict, coordinator: str = "local", api_keys: ApiKeys | None = None) -> None:
         self.config = ServiceConfig.model_validate(config)
         self.model_name = self.config.model_name
+        self.api_keys = api_keys or ApiKeys()  # resolved once by deploy.app.build_app; empty = open
         loaded = load_causal_lm(self.config.target.model, dtype=self.config.target.dtype)
         self.target = TargetModel(loaded)
         if coordinator == "actor":
@@ -79,7 +89,11 @@ class SpecfleetServer:
         with self._metrics_lock:
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    # ---- request handling ----------------------------------------------------------------
+    def _observe(self, done: Finished) -> None:
+        with self._metrics_lock:
+            self.metrics.observe(done.result, done.ttft_s, done.e2e_s)
+
+    # ---- HTTP ------------------------------------------------------------------------------
     def _parse(self, body: object, chat: bool):
         """-> (request, prompt_ids, sampling) or a JSONResponse error."""
         if not isinstance(body, dict):
@@ -95,7 +109,6 @@ class SpecfleetServer:
             return _error("only n = 1 is supported", "n", 400)
         if req.best_of not in (None, 1):
             return _error("only best_of = 1 is supported", "best_of", 400)
-        defaults = self.config.sampling
         try:
             if chat:
                 prompt_ids = self.target.encode(messages=[m.model_dump() for m in req.messages])
@@ -104,17 +117,9 @@ class SpecfleetServer:
             else:
                 prompt_ids = self.target.encode(token_ids=req.prompt)
             max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
-            if max_tokens is None:
-                max_tokens = max(1, min(defaults.max_tokens, self.target.context_length - len(prompt_ids)))
-            sampling = SamplingParams(
-                max_tokens=max_tokens,
-                temperature=defaults.temperature if req.temperature is None else req.temperature,
-                top_p=defaults.top_p if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0,
-                seed=req.seed,
-                stop=tuple([req.stop] if isinstance(req.stop, str) else req.stop or ()),
-            )
-            self.target.check_length(len(prompt_ids), sampling.max_tokens)
+            sampling = sampling_for(self.target, self.config.sampling, prompt_ids, max_tokens=max_tokens,
+                                    temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                                    stop=req.stop)
         except InvalidRequestError as err:
             field = "prompt" if err.field == "token_ids" else err.field
             return _error(str(err), "messages" if chat and field == "prompt" else field, 400)
@@ -134,52 +139,79 @@ class SpecfleetServer:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._stream(request_id, chat, prompt_ids, sampling, include_usage),
                                      media_type="text/event-stream")
-        start = time.perf_counter()
-        result = await asyncio.to_thread(self.engine.run, prompt_ids, sampling)
-        self._observe(result, None, time.perf_counter() - start)
-        return JSONResponse(completion_body(request_id, self.model_name, result, chat, req.return_token_ids))
-
-    def _observe(self, result: GenerationResult, ttft_s: float | None, e2e_s: float) -> None:
-        with self._metrics_lock:
-            self.metrics.observe(result, ttft_s, e2e_s)
+        try:
+            done = await generate(self.engine, prompt_ids, sampling)
+        except TargetUnavailableError as err:
+            return JSONResponse(_unavailable(err), status_code=503)
+        self._observe(done)
+        return JSONResponse(completion_body(request_id, self.model_name, done.result, chat, req.return_token_ids))
 
     async def _stream(self, request_id: str, chat: bool, prompt_ids: list[int], sampling: SamplingParams,
                       include_usage: bool):
-        """SSE chunks. Text that could still become a stop string, or an incomplete UTF-8
-        character, is held back, so the streamed text always equals the non-streamed text."""
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue = asyncio.Queue()
-        output: list[int] = []
-        start = time.perf_counter()
-        first_token_s: list[float] = []
-
-        def on_tokens(tokens: list[int]) -> None:
-            output.extend(tokens)
-            if not first_token_s:
-                first_token_s.append(time.perf_counter() - start)
-            loop.call_soon_threadsafe(updates.put_nowait, list(output))
-
-        task = loop.run_in_executor(None, lambda: self.engine.run(prompt_ids, sampling, on_tokens))
-        task.add_done_callback(lambda _: loop.call_soon_threadsafe(updates.put_nowait, None))
-        holdback = max((len(s) for s in sampling.stop), default=1) - 1
-        sent = 0
+        """SSE chunks whose text adds up to the non-streamed text (deploy/generation.stream). A
+        target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
         yield _sse(chunk_body(request_id, self.model_name, chat, None, None, first=True))
-        while (tokens := await updates.get()) is not None:
-            text = self.target.decode(tokens)
-            safe = len(text) - holdback
-            while safe > sent and text[safe - 1] == "\ufffd":
-                safe -= 1
-            if safe > sent:
-                yield _sse(chunk_body(request_id, self.model_name, chat, text[sent:safe], None))
-                sent = safe
-        result: GenerationResult = await task
-        if len(result.text) > sent:
-            yield _sse(chunk_body(request_id, self.model_name, chat, result.text[sent:], None))
-        yield _sse(chunk_body(request_id, self.model_name, chat, None, result.finish_reason))
+        try:
+            async for item in stream(self.engine, prompt_ids, sampling):
+                if isinstance(item, Finished):
+                    done = item
+                else:
+                    yield _sse(chunk_body(request_id, self.model_name, chat, item, None))
+        except TargetUnavailableError as err:
+            yield _sse(_unavailable(err))
+            yield _sse("[DONE]")
+            return
+        yield _sse(chunk_body(request_id, self.model_name, chat, None, done.result.finish_reason))
         if include_usage:
-            yield _sse(usage_chunk_body(request_id, self.model_name, chat, result))
+            yield _sse(usage_chunk_body(request_id, self.model_name, chat, done.result))
         yield _sse("[DONE]")
-        self._observe(result, first_token_s[0] if first_token_s else None, time.perf_counter() - start)
+        self._observe(done)
+
+    # ---- gRPC: specfleet.v1.Specfleet through Serve's gRPC proxy ----------------------------
+    # Serve calls the method named after the RPC, with `grpc_context` (a RayServegRPCContext).
+    # deploy.grpc_api is imported here, not at the top: its stubs are generated at install, and
+    # the HTTP front must not need them.
+    def _grpc_parse(self, request, grpc_context) -> tuple[list[int], SamplingParams]:
+        from deploy import grpc_api
+
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context is not None else {}
+        self.api_keys.check(metadata.get("authorization"))
+        return grpc_api.parse_request(request, self.target, self.config.sampling, self.model_name)
+
+    async def Generate(self, request, grpc_context=None):
+        """Unary: the whole completion. Errors set the status code on `grpc_context`."""
+        from deploy import grpc_api
+
+        try:
+            prompt_ids, sampling = self._grpc_parse(request, grpc_context)
+            done = await generate(self.engine, prompt_ids, sampling)
+        except grpc_api.STATUS_ERRORS as err:
+            if grpc_context is None:
+                raise
+            grpc_api.set_status(grpc_context, err)
+            return grpc_api.piece("", self.model_name, "")
+        self._observe(done)
+        return grpc_api.response(new_id("cmpl"), self.model_name, done.result)
+
+    async def GenerateStream(self, request, grpc_context=None):
+        """Server streaming: text pieces, then a last message with finish_reason, token_ids, usage
+        and metrics. Serve carries a status set on `grpc_context` only with a yielded message or
+        a raised exception, so errors are raised after setting it."""
+        from deploy import grpc_api
+
+        request_id = new_id("cmpl")
+        try:
+            prompt_ids, sampling = self._grpc_parse(request, grpc_context)
+            async for item in stream(self.engine, prompt_ids, sampling):
+                if isinstance(item, Finished):
+                    self._observe(item)
+                    yield grpc_api.response(request_id, self.model_name, item.result, text="")
+                else:
+                    yield grpc_api.piece(request_id, self.model_name, item)
+        except grpc_api.STATUS_ERRORS as err:
+            if grpc_context is not None:
+                grpc_api.set_status(grpc_context, err)
+            raise
 
 
 class _Replica:
@@ -195,6 +227,16 @@ def _server() -> SpecfleetServer:
     return _replica.server
 
 
+async def _require_api_key(request: Request) -> None:
+    _server().api_keys.check(request.headers.get("authorization"))
+
+
+@app.exception_handler(AuthenticationError)
+async def _unauthorized(request: Request, err: AuthenticationError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), None, 401, "authentication_error"), status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
 # Routes are plain functions bound to this process's server (not class methods), so the app
 # needs no class-based-view rewriting and pickles by reference into Serve replicas.
 @app.get("/health")
@@ -202,21 +244,27 @@ async def health() -> dict:
     return {"status": "ok"}
 
 
-@app.get("/v1/models")
-async def models() -> dict:
-    return _server().models()
-
-
 @app.get("/metrics")
 async def prometheus() -> Response:
     return _server().prometheus()
 
 
-@app.post("/v1/completions")
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(_require_api_key)])
+
+
+@v1.get("/models")
+async def models() -> dict:
+    return _server().models()
+
+
+@v1.post("/completions")
 async def completions(request: Request) -> Response:
     return await _server().serve_request(request, chat=False)
 
 
-@app.post("/v1/chat/completions")
+@v1.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     return await _server().serve_request(request, chat=True)
+
+
+app.include_router(v1)

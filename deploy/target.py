@@ -6,6 +6,7 @@ positions back. Input problems raise InvalidRequestError naming the field.
 """
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ class TargetModel:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self._profile: list[float] = []  # forward_profile cache
+        self._slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     @property
     def name(self) -> str:
@@ -94,10 +96,16 @@ class TargetModel:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, cache: object, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append token_ids to the cache. -> logits [n, V] of each new position."""
+    def forward(self, cache: object, token_ids: Sequence[int], logits_for: int | None = None) -> torch.Tensor:
+        """Append token_ids to the cache. -> logits [n, V] of each new position, or of the first
+        `logits_for` only (the vocabulary projection is skipped for the rest: a prefill needs none,
+        a padded verification needs the draft's)."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
-        return self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0].float().cpu()
+        extra = {}
+        if logits_for is not None and logits_for < len(token_ids) and self._slices_logits:
+            extra["logits_to_keep"] = torch.arange(max(logits_for, 1), device=self.device)
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra).logits[0]
+        return logits[: len(token_ids) if logits_for is None else logits_for].float().cpu()
 
     def crop(self, cache: object, length: int) -> None:
         crop_cache(cache, length)
@@ -112,12 +120,12 @@ class TargetModel:
         missing = list(range(len(self._profile) + 1, max_positions + 1))
         if missing:
             cache = self.new_cache()
-            self.forward(cache, [(7 * i) % self.vocab_size for i in range(context)])
+            self.forward(cache, [(7 * i) % self.vocab_size for i in range(context)], logits_for=0)
             times: dict[int, list[float]] = {m: [] for m in missing}
             for round_index in range(repeats + 1):
                 for m in missing:
                     start = time.perf_counter()
-                    self.forward(cache, list(range(1, m + 1)))
+                    self.forward(cache, list(range(1, m + 1)), logits_for=1)  # the body's cost; lm_head rows are paid per draft token anyway
                     if round_index:  # round 0 only warms each size up
                         times[m].append(time.perf_counter() - start)
                     self.crop(cache, context)

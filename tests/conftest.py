@@ -1,5 +1,10 @@
-"""Shared fixtures: the real embedded target (loaded once per session) and tiny drafter models."""
+"""Shared fixtures: the real embedded target (loaded once per session), tiny drafter models, and
+one Ray service per session (HTTP + gRPC on 127.0.0.1, with an API key) shared by the service tests."""
 from __future__ import annotations
+
+import secrets
+import socket
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -36,3 +41,54 @@ def tiny_llama(vocab_size: int, seed: int = 0) -> torch.nn.Module:
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
     return LlamaForCausalLM(config).eval()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests on the shared Ray service run last (in their usual order), so the session's Ray is
+    up only while they run, not during the CPU-heavy in-process tests."""
+    items.sort(key=lambda item: "service" in getattr(item, "fixturenames", ()))
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (all held open until chosen, so they differ)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass(frozen=True)
+class LocalService:
+    url: str  # http://127.0.0.1:<port>
+    grpc_address: str  # 127.0.0.1:<port>
+    grpc_port: int
+    api_key: str  # every /v1 and gRPC request must send it (Bearer)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory):
+    """The Ray service (drafter actors, coordinator actor, Serve app `specfleet`) with HTTP and
+    gRPC, its API key read from a key file named in the config. Started once (Ray + Serve cost
+    ~40-60 s on 2 cores); tests/test_service*.py share it."""
+    from deploy.app import start_local_service, stop_local_service
+
+    api_key = secrets.token_urlsafe(24)
+    key_file = tmp_path_factory.mktemp("keys") / "api_keys"
+    key_file.write_text(f"# specfleet test key\n{api_key}\n")
+    args = {"policy": "metasd-ucb-cost", "k": 7, "api_key_file": str(key_file),
+            "drafters": [{"name": n, "kind": n} for n in ("ngram", "suffix", "hierarchy", "none")]}
+    http_port, grpc_port = free_ports(2)
+    with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment
+        env.delenv("SPECFLEET_API_KEYS", raising=False)
+        env.delenv("SPECFLEET_API_KEY_FILE", raising=False)
+        try:
+            url = start_local_service(args, port=http_port, grpc_port=grpc_port)
+        except BaseException:
+            stop_local_service(args)
+            raise
+    yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key)
+    stop_local_service(args)

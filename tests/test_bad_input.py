@@ -82,3 +82,10 @@ def test_a_missing_model_path_names_the_model_field(tmp_path):
     with pytest.raises(InvalidRequestError) as err:
         load_causal_lm(str(tmp_path / "nowhere"))
     assert err.value.field == "model"
+
+
+def test_an_invalid_request_error_crosses_process_boundaries_with_its_field():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(InvalidRequestError("top_p", "must be in (0, 1]")))
+    assert (err.field, err.message, str(err)) == ("top_p", "must be in (0, 1]", "top_p: must be in (0, 1]")

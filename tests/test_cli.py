@@ -1,4 +1,5 @@
-"""The `specfleet` command: generate prints the documented JSON, bench writes the documented report,
+"""The `specfleet` command: generate prints the documented JSON, bench writes the documented report
+(peers included, their output checked against plain decoding) and charts,
 bad input exits 2 naming the field."""
 import json
 import subprocess
@@ -53,13 +54,19 @@ def test_bench_writes_the_report_schema(tmp_path):
         json.dumps({"id": "a", "task": "code", "messages": [{"role": "user", "content": "Write hello world in C."}]})
         + "\n" + json.dumps({"id": "b", "task": "chat", "prompt": "Once upon a time"}) + "\n")
     out = tmp_path / "bench.json"
-    done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "single:*,policy:metasd-ucb",
-                   "--out", str(out), "--no-progress")
+    done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "peer:*,single:*,policy:metasd-ucb",
+                   "--out", str(out), "--no-progress", "--trace-prompt", "b")
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["params"]["max_tokens"] == 12 and report["params"]["temperature"] == 0.0
     names = [r["name"] for r in report["runs"]]
-    assert names == ["ar", "single:ngram", "single:suffix", "single:hierarchy", "policy:metasd-ucb", "oracle"]
+    assert names == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup", "single:ngram", "single:suffix",
+                     "single:hierarchy", "policy:metasd-ucb", "oracle"]
+    assert report["summary"]["best_policy"] == "policy:metasd-ucb" and report["summary"]["all_lossless"]
+    assert report["trace"]["prompt"] == "b" and len(report["trace"]["runs"]["policy:metasd-ucb"]) > 0
+    for chart in ("bench.speedup.png", "bench.drafters.png"):
+        assert (tmp_path / chart).read_bytes().startswith(b"\x89PNG")
+        assert f"]({chart})" in out.with_suffix(".md").read_text()
     for row in report["runs"]:
         assert {"name", "tokens", "seconds", "tokens_per_s", "speedup_vs_ar", "lossless",
                 "mean_accepted_length", "per_task"} <= set(row)
@@ -72,3 +79,10 @@ def test_bench_writes_the_report_schema(tmp_path):
 def test_bench_rejects_a_run_that_matches_nothing(tmp_path):
     done = run_cli("bench", "--runs", "single:telepathy", "--limit", "1", "--no-progress")
     assert done.returncode == 2 and "error: runs:" in done.stderr
+
+
+def test_serve_listens_for_grpc_on_port_9000_unless_told_otherwise():
+    from deploy.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).grpc_port == 9000
+    assert build_parser().parse_args(["serve", "--grpc-port", "9123"]).grpc_port == 9123

@@ -7,13 +7,20 @@ CORE_MODULES = [
     "actors.no_draft", "actors.models", "actors.pool",
     "policy.bandit", "policy.ucb", "policy.sw_ucb", "policy.exp3", "policy.thompson", "policy.sequential_halving",
     "policy.random_arm", "policy.fixed", "policy.reward", "policy.registry", "policy.coordinator",
-    "deploy.errors", "deploy.sampling", "deploy.verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.cli",
+    "deploy.errors", "deploy.auth", "deploy.generation", "deploy.sampling", "deploy.verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.cli",
 ]
 
 
 def test_every_core_module_imports_with_ray_blocked():
     code = "import sys; sys.modules['ray'] = None\n" + "\n".join(f"import {m}" for m in CORE_MODULES)
     code += "\nassert 'ray' not in [k for k, v in sys.modules.items() if v is not None]"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_core_and_the_http_front_import_without_the_grpc_stubs():
+    code = "import sys; sys.modules['ray'] = None; sys.modules['deploy.proto.specfleet_pb2'] = None\n"
+    code += "\n".join(f"import {m}" for m in CORE_MODULES + ["deploy.server"])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

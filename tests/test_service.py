@@ -1,8 +1,8 @@
 """The Ray service end to end on 127.0.0.1: drafter actors, the coordinator actor and the target
-as a Ray Serve deployment, exercised with the official `openai` client and raw HTTP."""
+as a Ray Serve deployment, exercised with the official `openai` client and raw HTTP. The service
+(tests/conftest.py, shared with tests/test_service_grpc.py) requires an API key on /v1/*."""
 import concurrent.futures
 import json
-import socket
 import urllib.error
 import urllib.request
 
@@ -24,27 +24,11 @@ CHATS = [
 COMPLETION_PROMPT = "The three primary colours are"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def service():
-    from deploy.app import start_local_service, stop_local_service
-
-    args = {"policy": "metasd-ucb-cost", "k": 7,
-            "drafters": [{"name": n, "kind": n} for n in ("ngram", "suffix", "hierarchy", "none")]}
-    yield start_local_service(args, port=free_port())
-    stop_local_service(args)
-
-
 @pytest.fixture(scope="module")
 def client(service):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0, timeout=300)
+    return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +41,13 @@ def plain(target):
     }
 
 
-def post(url: str, body: dict | bytes) -> tuple[int, dict]:
+def post(service, path: str, body: dict | bytes, authorization: str | None = "") -> tuple[int, dict]:
+    """POST JSON to the service; sends its API key unless `authorization` is given (None: no header)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization or f"Bearer {service.api_key}"
+    request = urllib.request.Request(f"{service.url}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
             return response.status, json.loads(response.read())
@@ -76,7 +64,7 @@ def test_chat_over_http_equals_plain_decoding(client, plain):
 
 
 def test_completions_over_http_equal_plain_decoding_and_carry_spec_metrics(service, plain):
-    status, body = post(f"{service}/v1/completions",
+    status, body = post(service, "/v1/completions",
                         {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
     assert status == 200 and body["object"] == "text_completion"
     assert body["choices"][0]["text"] == plain["completion"]
@@ -107,9 +95,9 @@ def test_streamed_text_equals_the_non_streamed_text(client, plain):
 
 def test_streamed_completion_ends_with_done(service):
     request = urllib.request.Request(
-        f"{service}/v1/completions",
+        f"{service.url}/v1/completions",
         data=json.dumps({"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "stream": True}).encode(),
-        headers={"Content-Type": "application/json"})
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {service.api_key}"})
     with urllib.request.urlopen(request, timeout=300) as response:
         lines = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -128,7 +116,7 @@ def test_two_concurrent_requests_both_come_back_exact(client, plain):
 
 def test_metrics_count_drafts_per_drafter(service, client):
     client.chat.completions.create(model=MODEL, messages=CHATS[0], max_tokens=MAX_TOKENS, temperature=0)
-    with urllib.request.urlopen(f"{service}/metrics", timeout=60) as response:
+    with urllib.request.urlopen(f"{service.url}/metrics", timeout=60) as response:
         text = response.read().decode()
     pulls = [line for line in text.splitlines() if line.startswith("specfleet:bandit_arm_pulls_total{")]
     assert pulls and sum(float(line.rsplit(" ", 1)[1]) for line in pulls) > 0
@@ -165,13 +153,13 @@ def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, c
     ],
 )
 def test_bad_requests_get_openai_errors_naming_the_field(service, body, status, param):
-    code, reply = post(f"{service}/v1/chat/completions", body)
+    code, reply = post(service, "/v1/chat/completions", body)
     assert code == status
     assert reply["error"]["param"] == param and reply["error"]["message"]
 
 
 def test_malformed_json_is_a_400_and_the_service_keeps_serving(service, client):
-    code, reply = post(f"{service}/v1/completions", b"{not json")
+    code, reply = post(service, "/v1/completions", b"{not json")
     assert code == 400 and "JSON" in reply["error"]["message"]
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text is not None
 
@@ -194,3 +182,31 @@ def test_the_coordinator_prefers_the_drafter_that_fits_the_workload(service, cli
     after = ray.get(coordinator.stats.remote())["drafters"]
     pulls = {name: after[name]["pulls"] - before[name]["pulls"] for name in after}
     assert min(pulls["ngram"], pulls["hierarchy"]) > max(pulls["suffix"], pulls["none"]), pulls
+
+
+@pytest.mark.parametrize(
+    "authorization, problem",
+    [(None, "missing API key"), ("Token abc", "must be `Bearer <key>`"), ("Bearer not-the-key", "invalid API key")],
+)
+def test_v1_without_a_valid_api_key_gets_a_401_naming_the_problem(service, authorization, problem):
+    code, reply = post(service, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}, authorization)
+    assert code == 401
+    assert problem in reply["error"]["message"] and reply["error"]["type"] == "authentication_error"
+    assert "not-the-key" not in json.dumps(reply) and service.api_key not in json.dumps(reply)
+
+
+def test_the_openai_client_with_a_wrong_key_gets_an_authentication_error(service):
+    from openai import AuthenticationError, OpenAI
+
+    wrong = OpenAI(base_url=f"{service.url}/v1", api_key="sk-wrong", max_retries=0, timeout=60)
+    with pytest.raises(AuthenticationError) as err:
+        wrong.models.list()
+    assert err.value.status_code == 401 and "invalid API key" in str(err.value)
+
+
+def test_health_and_metrics_stay_open_and_never_show_the_key(service, client):
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    with urllib.request.urlopen(f"{service.url}/health", timeout=60) as response:
+        assert json.loads(response.read()) == {"status": "ok"}
+    with urllib.request.urlopen(f"{service.url}/metrics", timeout=60) as response:
+        assert response.status == 200 and service.api_key not in response.read().decode()

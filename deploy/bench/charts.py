@@ -1,0 +1,61 @@
+"""PNG charts beside a bench report (matplotlib, no display needed).
+
+`speedup_chart`: speedup vs `ar` per task and overall, one bar per run (concurrency sweeps
+left out: their figure is throughput). `drafter_chart`: for the traced prompt, the drafter each
+policy chose in every round (placed at its position in the answer), coloured by how many of its tokens the target accepted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def speedup_chart(report: dict, path: Path) -> Path:
+    runs = [r for r in report["runs"] if "concurrency" not in r and r["name"] != "ar"]
+    groups = list(report["runs"][0]["per_task"]) + ["all"]
+    width = 0.8 / max(len(runs), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(groups) + 0.25 * len(runs)), 4.8))
+    for i, row in enumerate(runs):
+        values = [row["per_task"][g]["speedup_vs_ar"] if g != "all" else row["speedup_vs_ar"] for g in groups]
+        ax.bar([x + (i - (len(runs) - 1) / 2) * width for x in range(len(groups))], values, width, label=row["name"])
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("speedup vs plain decoding (ar)")
+    ax.set_title(f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, "
+                 f"{report['params']['prompts']} prompts")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def drafter_chart(report: dict, path: Path) -> Path | None:
+    trace = report.get("trace") or {}
+    runs = {name: rounds for name, rounds in trace.get("runs", {}).items() if rounds}
+    if not runs:
+        return None
+    drafters = sorted({d for rounds in runs.values() for d, _, _ in rounds})
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + 1.1 * len(runs) * max(1, len(drafters) / 3)),
+                             sharex=True, squeeze=False)
+    for ax, (name, rounds) in zip(axes[:, 0], runs.items()):
+        xs, position = [], 0  # where in the answer each round starts
+        for _, _, accepted in rounds:
+            xs.append(position)
+            position += accepted + 1
+        ys = [drafters.index(d) for d, _, _ in rounds]
+        accepted = [a for _, _, a in rounds]
+        points = ax.scatter(xs, ys, c=accepted, cmap="viridis", vmin=0, vmax=report["params"]["k"], s=18)
+        ax.set_yticks(range(len(drafters)), drafters, fontsize=8)
+        ax.set_ylim(-0.5, len(drafters) - 0.5)
+        ax.set_title(name, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("output token position at the start of the round")
+    fig.colorbar(points, ax=axes[:, 0].tolist(), label="accepted draft tokens")
+    fig.suptitle(f"drafter chosen per round: prompt {trace['prompt']} ({trace['task']})", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,136 @@
+"""Bench report: samples -> the JSON rows of DESIGN.md §7, the `oracle` row, a summary, Markdown.
+
+Every row has `tokens, seconds, tokens_per_s, speedup_vs_ar, lossless, mean_accepted_length,
+per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A row run at
+concurrency c > 1 (`serve:<policy>@c<c>`) adds `concurrency` and `wall_s`; its `tokens_per_s`
+is throughput (tokens over wall time), its per-task figures are per-request speeds.
+`lossless` compares every prompt's greedy token ids with `ar`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from deploy.bench.prompts import BenchPrompt
+from deploy.bench.sample import Sample
+
+Samples = list[tuple[BenchPrompt, Sample]]
+
+
+def _aggregate(samples: Samples, baseline_tps: float | None, seconds: float | None = None) -> dict:
+    tokens = sum(len(x.token_ids) for _, x in samples)
+    seconds = sum(x.seconds for _, x in samples) if seconds is None else seconds
+    rounds = sum(x.rounds for _, x in samples)
+    tps = tokens / seconds if seconds else 0.0
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tps, 3),
+        "speedup_vs_ar": round(tps / baseline_tps, 3) if baseline_tps else 1.0,
+        "mean_accepted_length": round(tokens / rounds, 3) if rounds else None,
+    }
+
+
+def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: dict | None,
+            concurrency: int = 1, wall_s: float | None = None) -> dict:
+    is_ar = ar_row is None
+    row = {"name": name, **_aggregate(samples, None if is_ar else ar_row["tokens_per_s"], wall_s)}
+    row["lossless"] = all(x.token_ids == ar_ids[p.id] for p, x in samples)
+    latencies = [x.seconds for _, x in samples]
+    row["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
+    row["latency_p99_s"] = round(float(np.percentile(latencies, 99)), 3)
+    if concurrency > 1:
+        row["concurrency"], row["wall_s"] = concurrency, round(wall_s, 3)
+    row["per_task"] = {}
+    for task in sorted({p.task for p, _ in samples}):
+        baseline = None if is_ar else ar_row["per_task"][task]["tokens_per_s"]
+        row["per_task"][task] = _aggregate([s for s in samples if s[0].task == task], baseline)
+        if is_ar:
+            row["per_task"][task]["mean_accepted_length"] = None
+    if is_ar:
+        row["mean_accepted_length"] = None  # DESIGN.md §7: the baseline drafts nothing
+    pulls: dict[str, int] = {}
+    for _, x in samples:
+        for drafter, stats in x.per_drafter.items():
+            pulls[drafter] = pulls.get(drafter, 0) + stats["steps"]
+    row["drafter_rounds"] = pulls
+    rounds = sum(x.rounds for _, x in samples)
+    coordinator_s = sum(x.coordinator_s for _, x in samples)
+    verify_s = sum(x.verify_s for _, x in samples)
+    if rounds and not is_ar and coordinator_s + verify_s > 0:  # one round's draft call, and its share of the round
+        row["draft_ms_per_round"] = round(1000 * coordinator_s / rounds, 3)
+        row["draft_share_of_round"] = round(coordinator_s / (coordinator_s + verify_s), 4)
+    return row
+
+
+def oracle_row(rows: Sequence[dict]) -> dict | None:
+    """Per task, the best measured single drafter: the bound a drafter-choosing policy aims at."""
+    singles = [r for r in rows if r["name"].startswith("single:")]
+    if not singles:
+        return None
+    ar = rows[0]
+    per_task, tokens, seconds, chosen = {}, 0, 0.0, {}
+    for task in ar["per_task"]:
+        best = max(singles, key=lambda r: r["per_task"][task]["tokens_per_s"])
+        per_task[task] = dict(best["per_task"][task])
+        chosen[task] = best["name"]
+        tokens += per_task[task]["tokens"]
+        seconds += per_task[task]["seconds"]
+    tps = tokens / seconds if seconds else 0.0
+    return {
+        "name": "oracle", "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tps, 3),
+        "speedup_vs_ar": round(tps / ar["tokens_per_s"], 3),
+        "lossless": all(r["lossless"] for r in singles), "mean_accepted_length": None,
+        "per_task": per_task, "chosen": chosen,
+    }
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """The best in-process policy against ar, the best single drafter, the oracle and the best peer."""
+    def best(prefix: str) -> dict | None:
+        group = [r for r in rows if r["name"].startswith(prefix) and "concurrency" not in r]
+        return max(group, key=lambda r: r["tokens_per_s"]) if group else None
+
+    policy = best("policy:")
+    if policy is None:
+        return {}
+    out = {"best_policy": policy["name"], "all_lossless": all(r["lossless"] for r in rows)}
+    for label, other in (("ar", rows[0]), ("best_single", best("single:")), ("oracle", best("oracle")),
+                         ("best_peer", best("peer:"))):
+        if other is not None:
+            out[f"{label}_name"] = other["name"]
+            out[f"vs_{label}"] = round(policy["tokens_per_s"] / other["tokens_per_s"], 3)
+    return out
+
+
+def render_table(report: dict) -> str:
+    """Markdown: overall and per-task speedup vs ar for every run; a latency table for service
+    runs; the summary line."""
+    runs = report["runs"]
+    tasks = list(runs[0]["per_task"])
+    lines = ["| run | tok/s | speedup | lossless | tokens/forward | " + " | ".join(tasks) + " |",
+             "|" + "---|" * (5 + len(tasks))]
+    for row in runs:
+        if "concurrency" in row:
+            continue
+        mal = "" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
+        cells = " | ".join(f"{row['per_task'][t]['speedup_vs_ar']:.2f}x" for t in tasks)
+        lines.append(f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup_vs_ar']:.2f}x | "
+                     f"{'yes' if row['lossless'] else 'NO'} | {mal} | {cells} |")
+    service = [r for r in runs if r["name"].startswith("serve:")]
+    if service:
+        lines += ["", "| service run | concurrency | requests | tok/s (throughput) | vs ar | p50 latency s | p99 latency s | lossless |",
+                  "|---|---|---|---|---|---|---|---|"]
+        requests = report["params"]["prompts"]
+        for row in service:
+            lines.append(f"| {row['name']} | {row.get('concurrency', 1)} | {requests} | {row['tokens_per_s']:.1f} | "
+                         f"{row['speedup_vs_ar']:.2f}x | {row['latency_p50_s']:.2f} | {row['latency_p99_s']:.2f} | "
+                         f"{'yes' if row['lossless'] else 'NO'} |")
+    summary = report.get("summary") or {}
+    if summary:
+        ratios = ", ".join(f"{summary[f'vs_{k}']:.3f}x {summary[f'{k}_name']}"
+                           for k in ("ar", "best_single", "oracle", "best_peer") if f"vs_{k}" in summary)
+        lines += ["", f"Best policy {summary['best_policy']}: {ratios}; "
+                      f"{'all runs lossless' if summary['all_lossless'] else 'NOT ALL RUNS LOSSLESS'}."]
+    return "\n".join(lines)

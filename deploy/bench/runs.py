@@ -1,0 +1,169 @@
+"""`specfleet bench`: every run side by side on the same prompts, model and machine, in one process.
+
+Runs (DESIGN.md §7): `ar` (plain target decoding, always first: the baseline), `peer:<name>`
+(Hugging Face transformers' own decoding, deploy/bench/peers.py), `single:<drafter>`,
+`policy:<name>`, `serve:<name>` (the same policy through the HTTP service; at most one per
+bench) and the computed `oracle` (per task, the best measured single drafter). Prompts are
+interleaved: for each prompt every run generates in turn, so machine noise hits all runs alike;
+each run keeps its own fresh drafter pool (suffix caches learn only from that run's earlier
+prompts) and its own engine. A serve run at concurrency > 1 goes after the interleaved loop.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Sequence
+
+from actors.no_draft import NO_DRAFT
+from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
+from deploy.bench.peers import HFPeer, available_peers
+from deploy.bench.prompts import BenchPrompt
+from deploy.bench.report import Samples, oracle_row, run_row, summarize
+from deploy.bench.sample import Sample
+from deploy.engine import SpeculativeEngine
+from deploy.errors import InvalidRequestError
+from deploy.sampling import SamplingParams
+from deploy.target import TargetModel
+from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, parse_policy
+
+DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY},policy:metasd-ucb,policy:thompson"
+MAX_CONCURRENCY = 64
+
+
+def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draft_model: bool = False) -> list[str]:
+    """Run names from a comma list with globs; `ar` always runs first (it is the baseline)."""
+    items = [p.strip() for p in (patterns.split(",") if isinstance(patterns, str) else patterns) if p.strip()]
+    known = (["ar"] + [f"peer:{p}" for p in available_peers(has_draft_model)]
+             + [f"single:{d}" for d in drafters if d != NO_DRAFT] + [f"policy:{p}" for p in BASE_POLICY_NAMES])
+    runs = ["ar"]
+    for pattern in items:
+        matched = fnmatch.filter(known, pattern) if any(c in pattern for c in "*?[") else [pattern]
+        if not matched:
+            raise InvalidRequestError("runs", f"{pattern!r} matches no run; known: {known}")
+        for run in matched:
+            kind, _, name = run.partition(":")
+            if kind == "single" and name not in drafters:
+                raise InvalidRequestError("runs", f"{run!r}: drafter not in the pool {list(drafters)}")
+            if kind == "peer" and name not in available_peers(has_draft_model):
+                raise InvalidRequestError("runs", f"{run!r}: known peers here are {available_peers(has_draft_model)}"
+                                                  " (hf-assistant needs --draft-model)")
+            if kind in ("policy", "serve"):
+                parse_policy(name, drafters)
+            elif run != "ar" and kind not in ("single", "peer"):
+                raise InvalidRequestError(
+                    "runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, policy:<name>, serve:<name>")
+            if run not in runs:
+                runs.append(run)
+    if sum(run.startswith("serve:") for run in runs) > 1:
+        raise InvalidRequestError("runs", "at most one serve:<policy> run per bench (one coordinator per service)")
+    if any(run.startswith("serve:") for run in runs) and "hf" in drafters:
+        raise InvalidRequestError("runs", "serve runs support the model-free drafters only")
+    return runs
+
+
+def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
+    items = levels.split(",") if isinstance(levels, str) else list(levels)
+    try:
+        values = tuple(sorted({int(x) for x in items if str(x).strip()}))
+    except ValueError as err:
+        raise InvalidRequestError("concurrency", f"must be a comma list of integers, got {levels!r}") from err
+    if not values or not all(1 <= v <= MAX_CONCURRENCY for v in values):
+        raise InvalidRequestError("concurrency", f"each level must be in 1..{MAX_CONCURRENCY}, got {levels!r}")
+    return values
+
+
+def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None) -> SpeculativeEngine:
+    vocab = target.vocab_size
+    if run == "ar":
+        return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
+    if run.startswith("single:"):
+        name = run.removeprefix("single:")
+        return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k)
+    return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k)
+
+
+def run_bench(
+    target: TargetModel,
+    prompts: Sequence[BenchPrompt],
+    runs: str | Sequence[str] = DEFAULT_RUNS,
+    max_tokens: int = 128,
+    k: int = 7,
+    drafters: str | Sequence[str] = DEFAULT_DRAFTERS,
+    draft_model=None,
+    progress: bool = True,
+    concurrency: str | Sequence[int] = (1,),
+    trace_prompt: str | None = None,
+) -> dict:
+    from tqdm import tqdm
+
+    drafter_names = parse_drafter_names(drafters)
+    run_names = expand_runs(runs, drafter_names, draft_model is not None)
+    levels = parse_concurrency(concurrency)
+    trace_id = trace_prompt or prompts[0].id
+    if trace_id not in {p.id for p in prompts}:
+        raise InvalidRequestError("trace_prompt", f"no prompt with id {trace_id!r}")
+    serve_run = next((r for r in run_names if r.startswith("serve:")), None)
+    if serve_run and 1 not in levels:
+        run_names.remove(serve_run)  # only the concurrency sweep runs
+    generators = {}
+    for run in run_names:
+        if run.startswith("peer:"):
+            generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
+        elif not run.startswith("serve:"):
+            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model))
+    generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
+    sweeps = [c for c in levels if c > 1] if serve_run else []
+    service = None
+    results: dict[str, Samples] = {run: [] for run in run_names}
+    bar = tqdm(total=len(prompts) * (len(run_names) + len(sweeps)), desc="bench", unit="gen", disable=not progress)
+    swept: list[tuple[int, Samples, float]] = []
+    try:
+        if serve_run:
+            from deploy.bench.service import ServiceRun
+
+            service = ServiceRun.start(serve_run.removeprefix("serve:"), drafter_names, k, target.name)
+            generators[serve_run] = service.generate
+        for item in prompts:
+            for run in run_names:
+                bar.set_postfix_str(f"{item.id} {run}")
+                results[run].append((item, generators[run](item, max_tokens)))
+                bar.update(1)
+        for level in sweeps:
+            bar.set_postfix_str(f"{serve_run} at concurrency {level}")
+            samples, wall_s = service.sweep(prompts, max_tokens, level)
+            swept.append((level, list(zip(prompts, samples)), wall_s))
+            bar.update(len(prompts))
+    finally:
+        bar.close()
+        if service is not None:
+            service.stop()
+    ar_ids = {p.id: x.token_ids for p, x in results["ar"]}
+    rows = [run_row("ar", results["ar"], ar_ids, None)]
+    rows += [run_row(run, results[run], ar_ids, rows[0]) for run in run_names[1:]]
+    rows += [run_row(f"{serve_run}@c{level}", samples, ar_ids, rows[0], level, wall_s) for level, samples, wall_s in swept]
+    oracle = oracle_row(rows)
+    if oracle:
+        rows.append(oracle)
+    traced = next(p for p in prompts if p.id == trace_id)
+    return {
+        "model": target.name,
+        "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
+                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1]},
+        "runs": rows,
+        "summary": summarize(rows),
+        "trace": {"prompt": trace_id, "task": traced.task,
+                  "runs": {run: [list(r) for r in x.trace] for run in run_names if run.startswith("policy:")
+                           for p, x in results[run] if p.id == trace_id}},
+    }
+
+
+def _engine_generator(engine: SpeculativeEngine):
+    greedy_cache: dict[int, SamplingParams] = {}
+
+    def generate(item: BenchPrompt, max_tokens: int) -> Sample:
+        sampling = greedy_cache.setdefault(max_tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        start = time.perf_counter()
+        result = engine.generate(prompt=item.prompt, messages=item.messages, sampling=sampling)
+        return Sample.from_result(result, time.perf_counter() - start)
+
+    return generate

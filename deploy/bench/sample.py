@@ -1,0 +1,40 @@
+"""One prompt's outcome in one bench run: what the report aggregates.
+
+`seconds` is the request's latency as its caller saw it (in-process: the engine call; service:
+the HTTP round trip). `trace` lists (drafter, drafted, accepted) per round where the run can see
+its rounds (in-process engine runs); peers and service runs leave it empty.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deploy.engine import GenerationResult
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_ids: list[int]
+    seconds: float
+    rounds: int
+    per_drafter: dict
+    coordinator_s: float  # the target's draft calls, round trip
+    verify_s: float
+    trace: tuple[tuple[str, int, int], ...] = field(default=())
+
+    @classmethod
+    def from_result(cls, result: GenerationResult, seconds: float) -> "Sample":
+        s = result.summary
+        trace = tuple((r.drafter, r.drafted, r.accepted) for r in result.rounds)
+        return cls(result.token_ids, seconds, s["rounds"], s["per_drafter"], s["draft_s"], s["verify_s"], trace)
+
+    @classmethod
+    def from_http(cls, body: dict, seconds: float) -> "Sample":
+        metrics = body["metrics"]
+        return cls(body["choices"][0]["token_ids"], seconds, metrics["timing"]["rounds"],
+                   metrics["speculative_decoding"]["per_drafter"], metrics["timing"]["coordinator_s"],
+                   metrics["timing"]["verify_s"])
+
+    @classmethod
+    def from_tokens(cls, token_ids: list[int], seconds: float) -> "Sample":
+        """A run that exposes no rounds (a peer's `generate`)."""
+        return cls(token_ids, seconds, 0, {}, 0.0, 0.0)

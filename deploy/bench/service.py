@@ -1,0 +1,100 @@
+"""`serve:<policy>` runs: the local HTTP service (Ray drafter actors, the coordinator actor, the
+Serve replica) on 127.0.0.1, fed the bench prompts.
+
+At concurrency 1 the service takes its turn with the in-process runs, prompt by prompt
+(`generate`). At concurrency c > 1 (`sweep`) the whole prompt set is sent by c client threads
+after the interleaved runs, each level on a restarted service: its suffix cache would otherwise
+hold the answers to these very prompts (measured: 5x "faster" on the replay). Such a run's
+tokens/s is throughput (all tokens over the wall time); each sample's seconds is that request's
+latency.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from deploy.bench.prompts import BenchPrompt
+from deploy.bench.sample import Sample
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _configured_key() -> str | None:
+    """The first key of SPECFLEET_API_KEYS, if set: a service started here then requires it."""
+    from deploy.auth import KEYS_ENV
+
+    return os.environ.get(KEYS_ENV, "").split(",")[0].strip() or None
+
+
+class ServiceRun:
+    """`start` brings up a local service for the run (and `stop` takes it down); `attach` drives
+    one that is already serving at `url`."""
+
+    def __init__(self, url: str, model: str, api_key: str | None = None, args: dict | None = None) -> None:
+        self.url: str | None = url
+        self.model, self.api_key, self.args = model, api_key, args
+
+    @classmethod
+    def start(cls, policy: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
+        args = {"target": {"model": model}, "policy": policy, "k": k,
+                "drafters": [{"name": d, "kind": d} for d in drafters]}
+        run = cls(None, model, _configured_key(), args)
+        run.restart()
+        return run
+
+    def restart(self) -> None:
+        """A fresh service (new drafter actors: empty suffix caches, no bandit statistics)."""
+        from deploy.app import start_local_service
+
+        if self.args is None:
+            raise RuntimeError("an attached service cannot be restarted from here")
+        self.stop()
+        self.url = start_local_service(self.args, port=_free_port())
+        self._post("/v1/completions", {"prompt": "Warm up.", "max_tokens": 4})
+
+    @classmethod
+    def attach(cls, url: str, model: str, api_key: str | None = None) -> "ServiceRun":
+        return cls(url, model, api_key)
+
+    def _post(self, path: str, body: dict) -> dict:
+        body = {"model": self.model, "temperature": 0.0, "return_token_ids": True, **body}
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(request, timeout=900) as response:
+            return json.loads(response.read())
+
+    def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        start = time.perf_counter()
+        if item.messages is not None:
+            body = self._post("/v1/chat/completions", {"messages": item.messages, "max_tokens": max_tokens})
+        else:
+            body = self._post("/v1/completions", {"prompt": item.prompt, "max_tokens": max_tokens})
+        return Sample.from_http(body, time.perf_counter() - start)
+
+    def sweep(self, prompts: Sequence[BenchPrompt], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+        """Every prompt through `concurrency` client threads. -> (samples in prompt order, wall seconds)."""
+        if self.args is not None:
+            self.restart()
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=concurrency) as clients:
+            samples = list(clients.map(lambda item: self.generate(item, max_tokens), prompts))
+        return samples, time.perf_counter() - start
+
+    def stop(self) -> None:
+        """Stop a service this run started (an attached one keeps serving)."""
+        if self.url is not None and self.args is not None:
+            from deploy.app import stop_local_service
+
+            stop_local_service(self.args)
+            self.url = None

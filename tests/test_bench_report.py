@@ -1,0 +1,88 @@
+"""The bench report's arithmetic on hand-built samples: throughput, latency percentiles,
+losslessness, the oracle, the summary, run names and their errors (no model, no Ray)."""
+import pytest
+
+from deploy.bench import BenchPrompt, Sample, expand_runs, parse_concurrency, render_table
+from deploy.bench.report import oracle_row, run_row, summarize
+from deploy.errors import InvalidRequestError
+
+PROMPTS = [BenchPrompt("c1", "code", prompt="a"), BenchPrompt("c2", "code", prompt="b"),
+           BenchPrompt("t1", "translation", prompt="c")]
+AR_IDS = {"c1": [1, 2, 3, 4], "c2": [5, 6], "t1": [7, 8, 9, 10]}
+POOL = ("ngram", "suffix", "none")
+
+
+def samples(seconds: dict[str, float], ids: dict[str, list[int]] = AR_IDS, rounds: int = 2):
+    return [(p, Sample(ids[p.id], seconds[p.id], rounds, {"ngram": {"steps": rounds}}, 0.01, 0.1)) for p in PROMPTS]
+
+
+def ar_row():
+    return run_row("ar", samples({"c1": 1.0, "c2": 1.0, "t1": 2.0}, rounds=4), AR_IDS, None)
+
+
+def test_the_baseline_row_follows_the_documented_schema():
+    row = ar_row()
+    assert row["tokens"] == 10 and row["seconds"] == 4.0 and row["tokens_per_s"] == 2.5
+    assert row["speedup_vs_ar"] == 1.0 and row["mean_accepted_length"] is None and row["lossless"]
+    assert row["per_task"]["code"]["tokens_per_s"] == 3.0 and row["per_task"]["code"]["mean_accepted_length"] is None
+
+
+def test_a_faster_run_reports_its_speedup_per_task_and_overall():
+    row = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}), AR_IDS, ar_row())
+    assert row["speedup_vs_ar"] == pytest.approx(10 / 3 / 2.5, abs=1e-3)
+    assert row["per_task"]["code"]["speedup_vs_ar"] == 2.0 and row["per_task"]["translation"]["speedup_vs_ar"] == 1.0
+    assert row["mean_accepted_length"] == pytest.approx(10 / 6, abs=1e-3)
+
+
+def test_one_different_token_makes_a_run_lossy():
+    wrong = dict(AR_IDS, t1=[7, 8, 9, 11])
+    assert not run_row("single:ngram", samples({"c1": 1, "c2": 1, "t1": 1}, wrong), AR_IDS, ar_row())["lossless"]
+
+
+def test_a_concurrent_run_reports_throughput_over_wall_time_and_latency_percentiles():
+    row = run_row("serve:x@c4", samples({"c1": 1.0, "c2": 3.0, "t1": 2.0}), AR_IDS, ar_row(), concurrency=4, wall_s=2.0)
+    assert row["tokens_per_s"] == 5.0 and row["speedup_vs_ar"] == 2.0
+    assert row["concurrency"] == 4 and row["wall_s"] == 2.0
+    assert row["latency_p50_s"] == 2.0 and 2.9 < row["latency_p99_s"] <= 3.0
+
+
+def test_the_oracle_takes_each_tasks_best_single_drafter_and_the_summary_compares_the_best_policy():
+    ar = ar_row()
+    fast_code = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}), AR_IDS, ar)
+    fast_translation = run_row("single:suffix", samples({"c1": 1.0, "c2": 1.0, "t1": 1.0}), AR_IDS, ar)
+    policy = run_row("policy:p", samples({"c1": 0.5, "c2": 0.5, "t1": 1.25}), AR_IDS, ar)
+    peer = run_row("peer:hf-generate", samples({"c1": 1.0, "c2": 1.0, "t1": 2.0}), AR_IDS, ar)
+    oracle = oracle_row([ar, peer, fast_code, fast_translation, policy])
+    assert oracle["chosen"] == {"code": "single:ngram", "translation": "single:suffix"}
+    assert oracle["tokens_per_s"] == 5.0
+    summary = summarize([ar, peer, fast_code, fast_translation, policy, oracle])
+    assert summary["best_policy"] == "policy:p" and summary["all_lossless"]
+    assert summary["vs_oracle"] == pytest.approx(0.889, abs=1e-3) and summary["vs_best_peer"] == pytest.approx(1.778, abs=1e-3)
+    table = render_table({"runs": [ar, peer, fast_code, policy, oracle], "summary": summary, "params": {"prompts": 3}})
+    assert "| peer:hf-generate | 2.5 | 1.00x | yes |" in table and "Best policy policy:p" in table
+
+
+def test_peers_expand_by_glob_and_the_assistant_needs_a_draft_model():
+    assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup"]
+    assert "peer:hf-assistant" in expand_runs("peer:*", POOL, has_draft_model=True)
+    with pytest.raises(InvalidRequestError, match="draft-model") as err:
+        expand_runs("peer:hf-assistant", POOL)
+    assert err.value.field == "runs"
+
+
+@pytest.mark.parametrize("runs", ["serve:metasd-ucb,serve:thompson", "peer:vllm", "turbo:ngram", "policy:nonsense"])
+def test_bad_run_lists_are_rejected_naming_runs(runs):
+    with pytest.raises(InvalidRequestError) as err:
+        expand_runs(runs, POOL)
+    assert err.value.field in ("runs", "policy")
+
+
+@pytest.mark.parametrize("levels", ["0", "1,x", "", "65"])
+def test_bad_concurrency_levels_are_rejected_naming_concurrency(levels):
+    with pytest.raises(InvalidRequestError) as err:
+        parse_concurrency(levels)
+    assert err.value.field == "concurrency"
+
+
+def test_concurrency_levels_are_sorted_and_deduplicated():
+    assert parse_concurrency("8,1,4,4") == (1, 4, 8)
