@@ -71,6 +71,7 @@ class ServiceConfig(BaseModel):
     max_padding: int = Field(default=4, ge=0, le=16)
     served_model_name: str | None = None
     sampling: SamplingDefaults = SamplingDefaults()
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)  # larger HTTP bodies get 413
     api_key_file: str | None = None  # a file of API keys (one a line); keys also come from SPECFLEET_API_KEYS
     api_keys: None = Field(default=None, exclude=True)  # only to refuse keys written into the config
 

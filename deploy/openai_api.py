@@ -6,6 +6,7 @@ OpenAI's `{"error": {"message", "type", "param", "code"}}` naming the field. Res
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Literal
@@ -54,10 +55,16 @@ def error_body(message: str, param: str | None, code: int, error_type: str = "in
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+# pydantic puts the member type of a union field into the error location (`prompt.str`,
+# `stop.list[str].1`); users know the field, not our union's members.
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|[a-z_]+\[.*\])$")
+
+
 def validation_error_body(err: ValidationError | list) -> dict:
     errors = err.errors() if isinstance(err, ValidationError) else err
     first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
+    loc = [str(part) for part in first.get("loc", ())
+           if part != "body" and not (isinstance(part, str) and _UNION_MEMBER.match(part))]
     param = ".".join(loc) or None
     return error_body(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param, 400)
 

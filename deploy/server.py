@@ -8,7 +8,8 @@ GET /v1/models, /health and /metrics. gRPC (deploy/proto/specfleet.proto, throug
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Generation runs in worker
 threads, one KV cache per request, so concurrent requests never share state; both fronts share
 request validation, streaming (deploy/generation.py) and the API-key check (deploy/auth.py).
-Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknown model) or
+Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknown model, 413 for
+a body over the config's `max_request_bytes`) or
 INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAUTHENTICATED on
 /v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
 deploy/app.py applies `serve.ingress` and `serve.deployment` at build time; this module never
@@ -126,10 +127,17 @@ class SpecfleetServer:
         return req, prompt_ids, sampling
 
     async def serve_request(self, request: Request, chat: bool) -> Response:
+        limit = self.config.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:  # refuse before reading it
+            return _error(f"the request body is {declared} bytes; the limit is {limit}", None, 413, "request_too_large")
+        raw = await request.body()
+        if len(raw) > limit:
+            return _error(f"the request body is over the limit of {limit} bytes", None, 413, "request_too_large")
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error("the request body is not valid JSON", None, 400)
+            return _error("the request body is not valid JSON (UTF-8)", None, 400)
         parsed = self._parse(body, chat)
         if isinstance(parsed, Response):
             return parsed

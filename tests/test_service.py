@@ -150,12 +150,46 @@ def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, c
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
         ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "best_of": 3}, 400, "best_of"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": 7}, 400, "stop"),
+        ({"model": MODEL, "messages": "hi"}, 400, "messages"),
+        ({"model": MODEL}, 400, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 42}]}, 400, "messages.0.content"),
+        ({"model": MODEL, "messages": [{"role": "user"}]}, 400, "messages.0.content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, 400, "messages"),
+        (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "temperature"),
+        (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}]', 400, None),
+        (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None),
+        (b"[1, 2, 3]", 400, None),
+        (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode(), 413, None),
     ],
 )
 def test_bad_requests_get_openai_errors_naming_the_field(service, body, status, param):
     code, reply = post(service, "/v1/chat/completions", body)
     assert code == status
-    assert reply["error"]["param"] == param and reply["error"]["message"]
+    assert reply["error"]["param"] == param and reply["error"]["message"] and reply["error"]["code"] == status
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": MODEL}, "prompt"),
+        ({"model": MODEL, "prompt": {"text": "hi"}}, "prompt"),
+        ({"model": MODEL, "prompt": ""}, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
+        ({"model": MODEL, "prompt": list(range(1, 9000))}, "prompt"),
+        ({"model": MODEL, "prompt": "hi", "top_k": -1}, "top_k"),
+        ({"model": MODEL, "prompt": "hi", "seed": "abc"}, "seed"),
+    ],
+)
+def test_bad_completion_requests_get_a_400_naming_the_field(service, body, param):
+    code, reply = post(service, "/v1/completions", body)
+    assert code == 400 and reply["error"]["param"] == param
 
 
 def test_malformed_json_is_a_400_and_the_service_keeps_serving(service, client):
