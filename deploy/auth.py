@@ -54,6 +54,17 @@ def _read_key_file(path: str, field: str) -> list[str]:
     return [_valid(k, f"key file {path!r}", i + 1) for i, k in enumerate(keys)]
 
 
+def env_keys(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The keys listed in `SPECFLEET_API_KEYS` (comma-separated; none when unset)."""
+    listed = environ.get(KEYS_ENV, "").strip()
+    if not listed:
+        return []
+    parts = [k.strip() for k in listed.split(",")]
+    if not all(parts):
+        raise InvalidRequestError("api_keys", f"{KEYS_ENV} holds an empty key (check its commas)")
+    return [_valid(k, KEYS_ENV, i + 1) for i, k in enumerate(parts)]
+
+
 @dataclass(frozen=True, repr=False)
 class ApiKeys:
     digests: tuple[bytes, ...] = ()
@@ -66,13 +77,7 @@ class ApiKeys:
     def resolve(cls, environ: Mapping[str, str] = os.environ, key_file: str | None = None) -> "ApiKeys":
         """Keys from `SPECFLEET_API_KEYS`, the file named by `SPECFLEET_API_KEY_FILE` and `key_file`
         (the config's `api_key_file`). Unreadable or empty sources raise InvalidRequestError."""
-        keys: list[str] = []
-        listed = environ.get(KEYS_ENV, "").strip()
-        if listed:
-            parts = [k.strip() for k in listed.split(",")]
-            if not all(parts):
-                raise InvalidRequestError("api_keys", f"{KEYS_ENV} holds an empty key (check its commas)")
-            keys += [_valid(k, KEYS_ENV, i + 1) for i, k in enumerate(parts)]
+        keys = env_keys(environ)
         if environ.get(KEY_FILE_ENV, "").strip():
             keys += _read_key_file(environ[KEY_FILE_ENV].strip(), KEY_FILE_ENV)
         if key_file:

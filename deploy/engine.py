@@ -107,11 +107,12 @@ class SpeculativeEngine:
         self._seed_lock = threading.Lock()
         # Forward sizes cost non-monotonically on CPU (measured once per target): a draft's forward
         # is padded with up to max_padding throwaway positions when a larger size is cheaper.
-        self.max_padding = max_padding
         self.max_positions = k + 1 + max_padding
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
+        # padded_size[n]: the forward size for n positions (the cheapest size >= n)
+        self.padded_size = list(range(self.max_positions + 1))
         if max_padding and not only_plain:
-            target.forward_profile(self.max_positions)
+            self.padded_size = [target.padded_length(n, self.max_positions) for n in self.padded_size]
         self.plain_step_s = target.plain_step_s() if self.reward_kind == COST else 0.0
 
     def generate(
@@ -150,9 +151,8 @@ class SpeculativeEngine:
                 draft, q = proposal.token_ids, proposal.q  # the coordinator caps both at budget
                 start = time.perf_counter()
                 positions = [tokens[-1], *draft]
-                if self.max_padding and draft:  # extra positions only change speed; their K/V is cropped
-                    size = self.target.padded_length(len(positions), self.max_positions)
-                    positions += [draft[-1]] * (size - len(positions))
+                if draft:  # extra positions only change speed; their K/V is cropped
+                    positions += [draft[-1]] * (self.padded_size[len(positions)] - len(positions))
                 logits = self.target.forward(cache, positions, logits_for=len(draft) + 1)  # [d+1, V]
                 result = verify(draft, q, logits, sampling, generator, with_overlaps=self.reward_kind == BD)
                 self.target.crop(cache, len(tokens) + result.accepted)

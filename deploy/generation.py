@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,16 @@ from deploy.sampling import SamplingParams
 from deploy.target import TargetModel
 
 logger = logging.getLogger("specfleet")
+
+
+def request_field(field: str, chat: bool) -> str:
+    """An engine error's field as the API names it: the prompt is `messages` in a chat request,
+    token ids are the `prompt`, and indices are dotted (`messages[0].role` -> `messages.0.role`)."""
+    if field == "token_ids":
+        field = "prompt"
+    if chat and field == "prompt":
+        return "messages"
+    return re.sub(r"\[(\d+)\]", r".\1", field)
 
 
 def sampling_for(

@@ -17,14 +17,12 @@ The service is deploy/proto/specfleet.proto; its Python stubs are generated at i
 """
 from __future__ import annotations
 
-import re
-
 import grpc
 
 from deploy.auth import AuthenticationError
 from deploy.engine import GenerationResult
 from deploy.errors import InvalidRequestError, TargetUnavailableError
-from deploy.generation import sampling_for
+from deploy.generation import request_field, sampling_for
 from deploy.openai_api import spec_metrics, usage
 from deploy.proto import specfleet_pb2 as pb
 from deploy.sampling import SamplingParams
@@ -32,13 +30,6 @@ from deploy.target import TargetModel
 
 STATUS_ERRORS = (InvalidRequestError, AuthenticationError, TargetUnavailableError)
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "seed")
-
-
-def _http_field(field: str, chat: bool) -> str:
-    """The engine's field name as the HTTP API reports it (`messages[0].role` -> `messages.0.role`)."""
-    if chat and field == "prompt":
-        return "messages"
-    return re.sub(r"\[(\d+)\]", r".\1", field)
 
 
 def parse_request(request: pb.GenerateRequest, target: TargetModel, defaults, model_name: str
@@ -56,7 +47,7 @@ def parse_request(request: pb.GenerateRequest, target: TargetModel, defaults, mo
             prompt_ids = target.encode(prompt=request.prompt)
         sampling = sampling_for(target, defaults, prompt_ids, stop=tuple(request.stop), **given)
     except InvalidRequestError as err:
-        raise InvalidRequestError(_http_field(err.field, chat), err.message) from None
+        raise InvalidRequestError(request_field(err.field, chat), err.message) from None
     return prompt_ids, sampling
 
 

@@ -31,7 +31,7 @@ from deploy.auth import ApiKeys, AuthenticationError
 from deploy.config import ServiceConfig
 from deploy.engine import SpeculativeEngine
 from deploy.errors import InvalidRequestError, TargetUnavailableError
-from deploy.generation import Finished, generate, sampling_for, stream
+from deploy.generation import Finished, generate, request_field, sampling_for, stream
 from deploy.metrics import ServiceMetrics
 from deploy.openai_api import (
     ChatCompletionRequest,
@@ -122,17 +122,14 @@ class SpecfleetServer:
                                     temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                                     stop=req.stop)
         except InvalidRequestError as err:
-            field = "prompt" if err.field == "token_ids" else err.field
-            return _error(str(err), "messages" if chat and field == "prompt" else field, 400)
+            return _error(str(err), request_field(err.field, chat), 400)
         return req, prompt_ids, sampling
 
     async def serve_request(self, request: Request, chat: bool) -> Response:
         limit = self.config.max_request_bytes
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:  # refuse before reading it
-            return _error(f"the request body is {declared} bytes; the limit is {limit}", None, 413, "request_too_large")
-        raw = await request.body()
-        if len(raw) > limit:
+        # refused before reading when the header says so, else once read (chunked bodies)
+        if (declared.isdigit() and int(declared) > limit) or len(raw := await request.body()) > limit:
             return _error(f"the request body is over the limit of {limit} bytes", None, 413, "request_too_large")
         try:
             body = json.loads(raw)

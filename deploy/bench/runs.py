@@ -158,12 +158,10 @@ def run_bench(
 
 
 def _engine_generator(engine: SpeculativeEngine):
-    greedy_cache: dict[int, SamplingParams] = {}
-
     def generate(item: BenchPrompt, max_tokens: int) -> Sample:
-        sampling = greedy_cache.setdefault(max_tokens, SamplingParams(max_tokens=max_tokens, temperature=0.0))
         start = time.perf_counter()
-        result = engine.generate(prompt=item.prompt, messages=item.messages, sampling=sampling)
+        result = engine.generate(prompt=item.prompt, messages=item.messages,
+                                 sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
         return Sample.from_result(result, time.perf_counter() - start)
 
     return generate

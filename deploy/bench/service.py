@@ -11,7 +11,6 @@ latency.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import urllib.request
@@ -30,9 +29,9 @@ def _free_port() -> int:
 
 def _configured_key() -> str | None:
     """The first key of SPECFLEET_API_KEYS, if set: a service started here then requires it."""
-    from deploy.auth import KEYS_ENV
+    from deploy.auth import env_keys
 
-    return os.environ.get(KEYS_ENV, "").split(",")[0].strip() or None
+    return next(iter(env_keys()), None)
 
 
 class ServiceRun:
