@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
 STUBS   := deploy/proto/specfleet_pb2.py deploy/proto/specfleet_pb2_grpc.py
 
-.PHONY: install serve demo test bench clean
+.PHONY: install serve demo test cluster-deps bench clean
 
 install: $(STAMP) $(STUBS)
 
@@ -31,8 +31,18 @@ serve: install
 demo: install
 	$(VENV)/bin/specfleet generate --prompt "Write a Python function that reverses a string, then explain it." --max-tokens 96
 
-test: install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+# two stages: the suite, then the cluster tests (`ray start` nodes, `ray up` over SSH on loopback),
+# which end with `ray stop` and so must not share the machine's Ray with the first stage
+test: install cluster-deps
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/cluster tests
+	$(PY) -m pytest -q -p no:cacheprovider tests/cluster
+
+# what the loopback `ray up` test needs from Debian: sshd, rsync, nc (for ssh's ProxyCommand)
+cluster-deps:
+	@if ! command -v rsync >/dev/null || ! command -v nc >/dev/null || [ ! -x /usr/sbin/sshd ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
+			openssh-server rsync netcat-openbsd; fi
 
 # the default comparison (README "Measured"): peers, single drafters, policies and the HTTP service
 # at concurrency 1/4/8 on the mixed set, then the task-switching set; JSON + Markdown + PNG charts

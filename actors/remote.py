@@ -2,8 +2,10 @@
 
 `DrafterActor` is a plain class that builds its Proposer inside the actor process (a model
 drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
-`propose` / `release` with per-request sessions. `start_drafter_actor` applies `ray.remote` at
-build time with the spec's resources; the coordinator actor awaits its calls.
+`propose` / `release` with per-request sessions, and `placement` (its node, Ray's GPU ids and the
+torch device it drafts on: the CPU when CUDA is absent, even on a GPU Ray assigned).
+`start_drafter_actor` applies `ray.remote` at build time with the spec's resources (inside a
+placement-group bundle when given one); the coordinator actor awaits its calls.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class DrafterSpec:
     dtype: str = "float32"
     num_gpus: float = 0.0
     num_cpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources
 
 
 class DrafterActor:
@@ -44,18 +47,25 @@ class DrafterActor:
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.proposer.release(session, context_delta)
 
+    def placement(self) -> dict:
+        from cluster.placement import here
+
+        parts = [self.proposer, *getattr(self.proposer, "sources", ())]  # a hierarchy's model source
+        devices = [str(p.device) for p in parts if getattr(p, "device", None) is not None]
+        return {"kind": self.spec.kind, "model": self.spec.model} | here() | {"device": devices[0] if devices else "cpu"}
+
     def open_sessions(self) -> int:
         sessions = getattr(self.proposer, "sessions", None)
         return len(sessions) if sessions is not None else 0
 
 
-def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int):
+def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int, scheduling_strategy=None):
     import ray
 
     from cluster.local import NAMESPACE
 
     actor = ray.remote(DrafterActor).options(
         name=DRAFTER_PREFIX + spec.name, namespace=NAMESPACE, num_gpus=spec.num_gpus, num_cpus=spec.num_cpus,
-        max_restarts=-1, max_task_retries=0, lifetime="detached",
+        resources=dict(spec.resources), max_restarts=-1, max_task_retries=0, lifetime="detached", scheduling_strategy=scheduling_strategy,
     )
     return actor.remote(spec, target_vocab_size)

@@ -2,7 +2,9 @@
 
 Everything specfleet starts lives in the Ray namespace `specfleet`. A local cluster uses Ray's
 token authentication, on by default for local clusters since Ray 2.59 (Ray generates the token
-in ~/.ray/auth_token).
+in ~/.ray/auth_token). specfleet's clusters (`ray_config.yaml`, `ray start` in the runbook) run
+with RAY_AUTH_MODE=token too, so joining one by address turns token mode on in this process
+unless RAY_AUTH_MODE says otherwise (the token comes from RAY_AUTH_TOKEN or ~/.ray/auth_token).
 
 Ray Serve 2.60's gRPC proxy always listens on `[::]:<port>` (all interfaces; `gRPCOptions` has no
 host, see ray/serve/_private/grpc_util.py `start_grpc_server`). A local cluster started with
@@ -12,6 +14,8 @@ controller and its proxies included), which makes Serve's gRPC listening address
 """
 from __future__ import annotations
 
+import os
+
 NAMESPACE = "specfleet"
 LOOPBACK_HOOK = "cluster.local.bind_grpc_proxy_to_loopback"
 _WILDCARD_HOSTS = ("[::]", "0.0.0.0", "")
@@ -19,6 +23,8 @@ _WILDCARD_HOSTS = ("[::]", "0.0.0.0", "")
 
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
             grpc_loopback: bool = False) -> None:
+    if address:  # read when Ray is first imported: set it before
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     if ray.is_initialized():

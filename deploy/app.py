@@ -2,10 +2,14 @@
 
 `build_app(args)` is the Serve config's `import_path` (deploy/serve_config.yaml): it validates the
 args (`ServiceConfig`), resolves the optional API keys (deploy/auth.py: SPECFLEET_API_KEYS, a key
-file), starts one named actor per drafter (`specfleet:drafter:<name>`, its own GPU when the config
-asks for one) and the coordinator actor (`specfleet:coordinator`), then binds the target
-deployment with the FastAPI ingress; the same deployment serves the gRPC methods. This is the
+file), starts the drafter pool (cluster/pool.py: one named actor per drafter, its own GPU on a GPU
+cluster, and the coordinator actor `specfleet:coordinator`), then binds the target deployment
+(one GPU per replica on a GPU cluster) with the FastAPI ingress; the same deployment serves the gRPC methods. This is the
 only place `serve.deployment(...)` and `.bind(...)` run.
+
+The admin token (deploy/auth.py `ApiKeys.admin`: SPECFLEET_ADMIN_TOKEN, its file, or
+~/.specfleet/admin_token) is resolved here too and travels the same way; without one the admin
+API is off.
 
 The keys reach the replica (a separate process) as a deployment init arg holding only their
 SHA-256 digests: not in the Serve config YAML (which may only name a key file), not in a
@@ -25,13 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from actors.models import model_vocab_size
-from actors.remote import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
-from cluster.local import NAMESPACE, connect, listening_hosts, shutdown
+from cluster.local import connect, listening_hosts, shutdown
+from cluster.pool import start_pool, stop_pool
+from cluster.resources import target_gpus
 from deploy.auth import ApiKeys
 from deploy.config import ServiceConfig
 from deploy.server import SpecfleetServer, app
-from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
 
 APP_NAME = "specfleet"
 DEFAULT_CONFIG = Path(__file__).parent / "serve_config.yaml"
@@ -41,46 +44,19 @@ GRPC_SERVICER = "deploy.proto.specfleet_pb2_grpc.add_SpecfleetServicer_to_server
 LOOPBACK_HOSTS = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
-def start_pool(config: ServiceConfig) -> None:
-    """Start (or reuse, by name) the drafter actors and the coordinator actor."""
-    import ray
-
-    try:
-        ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
-        return  # a redeploy of the same app keeps its pool and its bandit statistics
-    except ValueError:
-        pass
-    vocab = model_vocab_size(config.target.model)
-    cluster_gpus = ray.cluster_resources().get("GPU", 0)
-    handles = {}
-    for d in config.drafters:
-        num_gpus = d.num_gpus if d.num_gpus is not None else (1.0 if d.model and cluster_gpus >= 1 else 0.0)
-        spec = DrafterSpec(d.name, d.kind, d.model, d.num_layers, config.target.dtype, num_gpus, d.num_cpus)
-        handles[d.name] = start_drafter_actor(spec, vocab)
-    ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
-    coordinator = start_coordinator_actor(handles, config.policy)
-    ray.get(coordinator.stats.remote())
-
-
-def stop_pool(config: ServiceConfig) -> None:
-    import ray
-
-    for name in [COORDINATOR_NAME] + [DRAFTER_PREFIX + d.name for d in config.drafters]:
-        try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
-        except ValueError:
-            pass
-
-
 def build_app(args: dict):
+    import ray
     from ray import serve
 
     config = ServiceConfig.model_validate(args or {})
     api_keys = ApiKeys.resolve(os.environ, config.api_key_file)  # before any actor starts: fail fast
+    admin_keys = ApiKeys.admin(os.environ)
     start_pool(config)
-    deployment = serve.deployment(name="SpecfleetServer", ray_actor_options={"num_cpus": 0})(
+    num_gpus = target_gpus(config.target.num_gpus, ray.cluster_resources().get("GPU", 0.0))
+    deployment = serve.deployment(name="SpecfleetServer", ray_actor_options={
+        "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(
         serve.ingress(app)(SpecfleetServer))
-    return deployment.bind(config.model_dump(), coordinator="actor", api_keys=api_keys)
+    return deployment.bind(config.model_dump(), coordinator="actor", api_keys=api_keys, admin_keys=admin_keys)
 
 
 def load_serve_config(path: str | Path) -> tuple[dict, dict]:
@@ -92,16 +68,20 @@ def load_serve_config(path: str | Path) -> tuple[dict, dict]:
     return apps[0].get("args") or {}, document.get("http_options") or {}
 
 
-def start_local_service(args: dict, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None) -> str:
-    """Start Ray (127.0.0.1) and the app on host:port, plus gRPC on 127.0.0.1:grpc_port when given;
+def start_local_service(args: dict, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
+                        address: str | None = None) -> str:
+    """Start Ray (127.0.0.1), or join the cluster at `address`, and the app on host:port (one HTTP
+    proxy, on the head node), plus gRPC on 127.0.0.1:grpc_port when given (a local Ray only);
     -> the base URL. Pair with stop_local_service."""
     from ray import serve
 
     ApiKeys.resolve(os.environ, ServiceConfig.model_validate(args or {}).api_key_file)  # fail before Ray starts
     with_grpc = grpc_port is not None
-    connect(grpc_loopback=with_grpc)
+    if with_grpc and address:
+        raise ValueError("gRPC on 127.0.0.1 needs a local Ray (its loopback hook is installed at start)")
+    connect(address, grpc_loopback=with_grpc)
     grpc_options = {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]} if with_grpc else None
-    serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options)
+    serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options, proxy_location="HeadOnly")
     if with_grpc and not listening_hosts(grpc_port) <= LOOPBACK_HOSTS:
         serve.shutdown()  # e.g. Ray was already running without the loopback hook
         raise RuntimeError(f"Serve's gRPC proxy listens on {sorted(listening_hosts(grpc_port))}, not only "

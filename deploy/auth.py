@@ -6,6 +6,10 @@ Where keys come from (all sources together; none configured = the API is open):
     `SPECFLEET_API_KEY_FILE` or the service config's `api_key_file`.
 A key never sits in the config itself (deploy/config.py refuses `api_keys` there).
 
+The admin API (/admin/*) always needs an admin token, from `SPECFLEET_ADMIN_TOKEN`, the file
+named by `SPECFLEET_ADMIN_TOKEN_FILE`, or else `~/.specfleet/admin_token` when it exists
+(`ApiKeys.admin`); with none, the admin API is off (403). The same file serves the CLI.
+
 `ApiKeys.resolve(environ, key_file)` runs once, in `deploy.app.build_app`; the object keeps only
 SHA-256 digests of the keys, so what travels to the Serve replica (a deployment init arg) and
 whatever Serve stores about it cannot be replayed as a key. `check(authorization)` takes the
@@ -27,6 +31,9 @@ from deploy.errors import InvalidRequestError
 
 KEYS_ENV = "SPECFLEET_API_KEYS"
 KEY_FILE_ENV = "SPECFLEET_API_KEY_FILE"
+ADMIN_TOKEN_ENV = "SPECFLEET_ADMIN_TOKEN"
+ADMIN_TOKEN_FILE_ENV = "SPECFLEET_ADMIN_TOKEN_FILE"
+DEFAULT_ADMIN_TOKEN_FILE = "~/.specfleet/admin_token"
 
 
 class AuthenticationError(Exception):
@@ -65,6 +72,18 @@ def env_keys(environ: Mapping[str, str] = os.environ) -> list[str]:
     return [_valid(k, KEYS_ENV, i + 1) for i, k in enumerate(parts)]
 
 
+def admin_tokens(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """`SPECFLEET_ADMIN_TOKEN`, else the file `SPECFLEET_ADMIN_TOKEN_FILE`, else ~/.specfleet/admin_token if present."""
+    token = environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if token:
+        return [_valid(token, ADMIN_TOKEN_ENV, 1)]
+    path = environ.get(ADMIN_TOKEN_FILE_ENV, "").strip()
+    if path:
+        return _read_key_file(path, ADMIN_TOKEN_FILE_ENV)
+    default = Path(DEFAULT_ADMIN_TOKEN_FILE).expanduser()
+    return _read_key_file(str(default), "admin_token") if default.is_file() else []
+
+
 @dataclass(frozen=True, repr=False)
 class ApiKeys:
     digests: tuple[bytes, ...] = ()
@@ -83,6 +102,11 @@ class ApiKeys:
         if key_file:
             keys += _read_key_file(key_file, "api_key_file")
         return cls.from_keys(dict.fromkeys(keys))
+
+    @classmethod
+    def admin(cls, environ: Mapping[str, str] = os.environ) -> "ApiKeys":
+        """The admin tokens (see the module doc); empty when none is configured."""
+        return cls.from_keys(admin_tokens(environ))
 
     @property
     def required(self) -> bool:

@@ -1,4 +1,5 @@
-"""The `specfleet` command line: `generate` and `bench` (in-process engine), `serve` (Ray Serve).
+"""The `specfleet` command line: `generate` and `bench` (in-process engine), `serve` (Ray Serve),
+`drafters list|add|remove` (the running service's admin API) and `status` (where everything runs).
 
 Errors in user input print `error: <field>: <message>` and exit with status 2.
 """
@@ -103,6 +104,54 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from cluster.local import connect
+    from cluster.pool import pool_status
+    from cluster.status import render_status
+
+    connect(args.address)
+    try:
+        status = pool_status()
+    except ValueError as err:  # no coordinator actor: nothing deployed on this cluster
+        print(f"error: no specfleet service on the cluster at {args.address}: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=1) if args.json else render_status(status))
+    return 0
+
+
+def cmd_drafters(args: argparse.Namespace) -> int:
+    from deploy.admin_client import AdminClient, AdminError
+    from deploy.auth import admin_tokens
+
+    tokens = admin_tokens()
+    client = AdminClient(args.url, tokens[0] if tokens else None)
+    try:
+        if args.action == "list":
+            drafters = client.list()
+            if args.json:
+                print(json.dumps(drafters, indent=1))
+            else:
+                from cluster.status import render_drafters
+
+                print(render_drafters(drafters))
+        elif args.action == "add":
+            spec = {"name": args.name, "kind": args.kind, "model": args.model, "num_layers": args.num_layers,
+                    "num_gpus": args.num_gpus, "resources": json.loads(args.resources) if args.resources else {}}
+            placed = client.add({k: v for k, v in spec.items() if v not in (None, {})})
+            print(f"added {placed['name']} on node {placed['node'][:8]} ({placed['node_ip']}), "
+                  f"GPU {','.join(placed['gpu']) or '-'}, device {placed['device']}")
+        else:
+            client.remove(args.name)
+            print(f"removed {args.name}")
+    except AdminError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: cannot reach the service at {args.url}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
     from policy.registry import DEFAULT_POLICY
@@ -150,6 +199,31 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--grpc-port", type=int, default=9000,
                      help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/proto/specfleet.proto)")
     srv.set_defaults(func=cmd_serve)
+
+    drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
+    actions = drafters.add_subparsers(dest="action", required=True)
+    for action, text in (("list", "the drafters, where they run, their health and statistics"),
+                         ("add", "start a drafter actor and make it an arm, live"),
+                         ("remove", "drain a drafter out of the pool and stop it")):
+        one = actions.add_parser(action, help=text)
+        one.add_argument("--url", default="http://127.0.0.1:8000", help="the service's HTTP address")
+        if action == "list":
+            one.add_argument("--json", action="store_true",
+                             help='print [{"name", "kind", "model", "node", "gpu", "status", "pulls", "acceptance", ...}]')
+        else:
+            one.add_argument("name")
+        if action == "add":
+            one.add_argument("--kind", required=True, help="ngram, suffix, hierarchy, hf or none")
+            one.add_argument("--model", default=None, help="draft model (hf): embedded name, local dir or .gguf")
+            one.add_argument("--num-layers", type=int, default=None, help="keep the model's first N layers")
+            one.add_argument("--num-gpus", type=float, default=None, help="default: 1 on a GPU cluster")
+            one.add_argument("--resources", default=None, help='custom Ray resources as JSON, e.g. {"specfleet_drafter": 1}')
+        one.set_defaults(func=cmd_drafters)
+
+    status = sub.add_parser("status", help="where the target replicas and each drafter run (node, GPU), and the pool's health")
+    status.add_argument("--address", default="auto", help="the Ray cluster (default: RAY_ADDRESS or the local one)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
     return parser
 
 

@@ -7,6 +7,8 @@ echoing its value.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.models import DEFAULT_MODEL, DTYPES
@@ -24,6 +26,8 @@ class TargetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = DEFAULT_MODEL
     dtype: str = "float32"
+    num_gpus: float | None = Field(default=None, ge=0)  # per replica; None: 1 when the cluster has GPUs
+    resources: dict[str, float] = {}  # custom Ray resources per replica, e.g. {specfleet_target: 1} (a node type)
 
     @field_validator("dtype")
     @classmethod
@@ -37,8 +41,9 @@ class DrafterConfig(BaseModel):
     kind: str
     model: str | None = None
     num_layers: int | None = Field(default=None, ge=1)
-    num_gpus: float | None = Field(default=None, ge=0)  # None: 1 for a model drafter when the cluster has GPUs
+    num_gpus: float | None = Field(default=None, ge=0)  # None: 1 when the cluster has GPUs (0 for `none`)
     num_cpus: float = Field(default=0.0, ge=0)
+    resources: dict[str, float] = {}  # custom Ray resources, e.g. {specfleet_drafter: 1} (a node type)
 
     @field_validator("kind")
     @classmethod
@@ -50,6 +55,14 @@ class DrafterConfig(BaseModel):
         if self.kind == "hf" and not self.model:
             raise ValueError("an hf drafter needs `model`")
         return self
+
+
+class PlacementConfig(BaseModel):
+    """How the drafters' resource bundles are laid over the nodes (cluster/resources.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    timeout_s: float = Field(default=600.0, gt=0)  # wait this long for the cluster (or its autoscaler) to grant them
 
 
 class SamplingDefaults(BaseModel):
@@ -66,6 +79,7 @@ class ServiceConfig(BaseModel):
         default_factory=lambda: [DrafterConfig(name=k, kind=k) for k in ("ngram", "suffix", "hierarchy", "none")],
         min_length=1,
     )
+    placement: PlacementConfig = PlacementConfig()
     policy: str = DEFAULT_POLICY
     k: int = Field(default=7, ge=1, le=32)
     max_padding: int = Field(default=4, ge=0, le=16)

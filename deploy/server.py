@@ -4,7 +4,8 @@
 the coordinator (the Ray actor `specfleet:coordinator` when `coordinator="actor"`, or an
 in-process one). HTTP routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with
 `stream: true`, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`),
-GET /v1/models, /health and /metrics. gRPC (deploy/proto/specfleet.proto, through Serve's gRPC
+GET /v1/models, /health and /metrics; the admin API (always behind an admin token; 403 when the
+service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the live pool). gRPC (deploy/proto/specfleet.proto, through Serve's gRPC
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Generation runs in worker
 threads, one KV cache per request, so concurrent requests never share state; both fronts share
 request validation, streaming (deploy/generation.py) and the API-key check (deploy/auth.py).
@@ -17,6 +18,7 @@ imports Ray.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
@@ -28,7 +30,7 @@ from pydantic import ValidationError
 from actors.models import load_causal_lm
 from actors.pool import build_drafters
 from deploy.auth import ApiKeys, AuthenticationError
-from deploy.config import ServiceConfig
+from deploy.config import DrafterConfig, ServiceConfig
 from deploy.engine import SpeculativeEngine
 from deploy.errors import InvalidRequestError, TargetUnavailableError
 from deploy.generation import Finished, generate, request_field, sampling_for, stream
@@ -58,21 +60,32 @@ def _unavailable(err: TargetUnavailableError) -> dict:
     return error_body(str(err), None, 503, "service_unavailable_error")
 
 
+def _no_pool() -> JSONResponse:
+    return _error("this server drafts in-process; the admin API manages the Ray service's pool "
+                  "(specfleet serve, serve deploy)", None, 501, "not_implemented_error")
+
+
 def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
 class SpecfleetServer:
-    def __init__(self, config: dict, coordinator: str = "local", api_keys: ApiKeys | None = None) -> None:
+    def __init__(self, config: dict, coordinator: str = "local", api_keys: ApiKeys | None = None,
+                 admin_keys: ApiKeys | None = None) -> None:
         self.config = ServiceConfig.model_validate(config)
         self.model_name = self.config.model_name
         self.api_keys = api_keys or ApiKeys()  # resolved once by deploy.app.build_app; empty = open
+        self.admin_keys = admin_keys or ApiKeys()  # empty = the admin API is off
+        self.ray_pool = coordinator == "actor"
         loaded = load_causal_lm(self.config.target.model, dtype=self.config.target.dtype)
         self.target = TargetModel(loaded)
         if coordinator == "actor":
             from policy.coordinator import connect_coordinator
 
+            from cluster.placement import actor_name, here
+
             proxy = connect_coordinator()
+            proxy.register_replica(actor_name(), here() | {"device": str(loaded.device)})  # for `specfleet status`
         else:
             pool = {d.name: build_drafters([d.kind], None, self.target.vocab_size)[d.kind] for d in self.config.drafters}
             proxy = Coordinator(pool, self.config.policy)
@@ -172,6 +185,51 @@ class SpecfleetServer:
         yield _sse("[DONE]")
         self._observe(done)
 
+    # ---- admin: the live drafter pool (cluster/pool.py, on the Ray service) -----------------
+    async def list_drafters(self) -> Response:
+        from cluster.pool import pool_status
+
+        if not self.ray_pool:
+            return _no_pool()
+        status = await asyncio.to_thread(pool_status)
+        return JSONResponse({"object": "list", "data": status["drafters"]})
+
+    async def add_drafter(self, request: Request) -> Response:
+        from cluster.placement import PlacementError
+        from cluster.pool import add_drafter
+
+        if not self.ray_pool:
+            return _no_pool()
+        try:
+            body = json.loads(await request.body())
+            drafter = DrafterConfig.model_validate(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not valid JSON (UTF-8)", None, 400)
+        except ValidationError as err:
+            return JSONResponse(validation_error_body(err), status_code=400)
+        try:
+            placement = await asyncio.to_thread(add_drafter, self.config, drafter)
+        except ValueError as err:  # the name is taken
+            return _error(str(err), "name", 409, "conflict_error")
+        except PlacementError as err:
+            return _error(str(err), None, 503, "service_unavailable_error")
+        except InvalidRequestError as err:
+            return _error(str(err), err.field, 400)
+        return JSONResponse({"name": drafter.name} | placement, status_code=201)
+
+    async def remove_drafter(self, name: str) -> Response:
+        from cluster.pool import remove_drafter
+
+        if not self.ray_pool:
+            return _no_pool()
+        try:
+            await asyncio.to_thread(remove_drafter, name)
+        except KeyError:
+            return _error(f"no drafter named {name!r} in the pool", "name", 404, "not_found_error")
+        except InvalidRequestError as err:  # it would leave the policy without an arm
+            return _error(str(err), "name", 409, "conflict_error")
+        return JSONResponse({"removed": name})
+
     # ---- gRPC: specfleet.v1.Specfleet through Serve's gRPC proxy ----------------------------
     # Serve calls the method named after the RPC, with `grpc_context` (a RayServegRPCContext).
     # deploy.grpc_api is imported here, not at the top: its stubs are generated at install, and
@@ -236,6 +294,23 @@ async def _require_api_key(request: Request) -> None:
     _server().api_keys.check(request.headers.get("authorization"))
 
 
+class AdminDisabledError(Exception):
+    pass
+
+
+async def _require_admin(request: Request) -> None:
+    keys = _server().admin_keys
+    if not keys.required:
+        raise AdminDisabledError("the admin API is off: start the service with an admin token "
+                                 "(SPECFLEET_ADMIN_TOKEN, SPECFLEET_ADMIN_TOKEN_FILE or ~/.specfleet/admin_token)")
+    keys.check(request.headers.get("authorization"))
+
+
+@app.exception_handler(AdminDisabledError)
+async def _admin_disabled(request: Request, err: AdminDisabledError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), None, 403, "permission_error"), status_code=403)
+
+
 @app.exception_handler(AuthenticationError)
 async def _unauthorized(request: Request, err: AuthenticationError) -> JSONResponse:
     return JSONResponse(error_body(str(err), None, 401, "authentication_error"), status_code=401,
@@ -273,3 +348,23 @@ async def chat_completions(request: Request) -> Response:
 
 
 app.include_router(v1)
+
+admin = APIRouter(prefix="/admin", dependencies=[Depends(_require_admin)])
+
+
+@admin.get("/drafters")
+async def list_drafters() -> Response:
+    return await _server().list_drafters()
+
+
+@admin.post("/drafters")
+async def add_drafter(request: Request) -> Response:
+    return await _server().add_drafter(request)
+
+
+@admin.delete("/drafters/{name}")
+async def remove_drafter(name: str) -> Response:
+    return await _server().remove_drafter(name)
+
+
+app.include_router(admin)

@@ -12,12 +12,17 @@ round t+1). The coordinator keeps per request the committed context, the request
 each drafter has seen, so a drafter receives only its unseen tokens (catch-up after rounds it sat
 out). `finish` learns the last round and releases every drafter's session.
 
+`add_drafter` grows the pool live: the new arm joins new requests and the ones in flight;
+`remove_drafter` shrinks it: no round picks the arm again, requests in flight carry on with the
+others (the actor body waits for the arm's rounds in flight before handing it back).
+
 `Coordinator` is a plain class (tested without Ray); `CoordinatorActor` is its async Ray actor
-body, and `start_coordinator_actor` applies `ray.remote` at build time and names the actor
+body (it also keeps where each target replica runs, for `specfleet status`), and `start_coordinator_actor` applies `ray.remote` at build time and names the actor
 `specfleet:coordinator`.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +139,39 @@ class Coordinator:
         for name, delta in self.close(request_id, new_tokens, feedback).items():
             self.drafters[name].release(request_id, delta)
 
+    def add_drafter(self, name: str, drafter: Proposer) -> None:
+        """A new arm, live: new requests and the requests in flight explore it from their next round
+        (it catches up on the whole context the first time it drafts)."""
+        with self._lock:
+            if name in self.drafters:
+                raise ValueError(f"drafter {name!r} is already in the pool")
+            spec = parse_policy(self.spec.name, [*self.drafters, name])
+            self.drafters[name] = drafter
+            self.spec = spec
+            self.drafter_stats[name] = DrafterStats()
+            if name in spec.arms:
+                self.global_stats[name] = ArmStats()
+                for request in self.requests.values():
+                    request.bandit.add_arm(name)
+
+    def remove_drafter(self, name: str) -> Proposer:
+        """Take an arm out, live: no round picks it again; requests in flight carry on with the
+        remaining arms. Refused (InvalidRequestError naming `policy`) when it would leave the
+        policy no arm. -> the drafter, whose sessions the caller drops."""
+        with self._lock:
+            if name not in self.drafters:
+                raise KeyError(name)
+            spec = parse_policy(self.spec.name, [d for d in self.drafters if d != name])
+            drafter = self.drafters.pop(name)
+            self.spec = spec
+            self.drafter_stats.pop(name, None)
+            self.global_stats.pop(name, None)
+            for request in self.requests.values():
+                request.sent.pop(name, None)
+                if name in request.bandit.stats:
+                    request.bandit.remove_arm(name)
+            return drafter
+
     def _learn(self, request: _Request, feedback: Feedback) -> None:
         request.bandit.update(feedback.drafter, feedback.reward)
         if feedback.drafter in self.global_stats:
@@ -171,13 +209,19 @@ class CoordinatorActor:
 
     def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0) -> None:
         self.core = Coordinator(drafters, policy, seed)  # values are drafter actor handles
+        self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
+        self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
 
     async def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
         choice = self.core.select(request_id, new_tokens, feedback, k)
         if choice is None:
             return Proposal(drafter=NO_DRAFT)
         arm, delta = choice
-        proposal = await self.core.drafters[arm].propose.remote(request_id, delta, k, sampling)
+        self.drafting[arm] = self.drafting.get(arm, 0) + 1
+        try:
+            proposal = await self.core.drafters[arm].propose.remote(request_id, delta, k, sampling)
+        finally:
+            self.drafting[arm] -= 1
         return Coordinator.as_round(arm, proposal, k)
 
     async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
@@ -186,6 +230,27 @@ class CoordinatorActor:
 
     async def stats(self) -> dict:
         return self.core.stats()
+
+    async def add_drafter(self, name: str, handle) -> None:
+        self.core.add_drafter(name, handle)
+
+    async def remove_drafter(self, name: str, drain_s: float = 30.0):
+        """Remove the arm, then wait (at most drain_s) for its rounds in flight. -> its handle."""
+        handle = self.core.remove_drafter(name)
+        deadline = asyncio.get_running_loop().time() + drain_s
+        while self.drafting.get(name, 0) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        self.drafting.pop(name, None)
+        return handle
+
+    async def drafter_handles(self) -> dict:
+        return dict(self.core.drafters)
+
+    async def register_replica(self, name: str, placement: dict) -> None:
+        self.replicas[name] = placement
+
+    async def registered_replicas(self) -> dict[str, dict]:
+        return dict(self.replicas)
 
 
 def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0):
@@ -227,6 +292,11 @@ class RemoteCoordinator:
         import ray
 
         ray.get(self.handle.finish.remote(request_id, list(new_tokens), feedback))
+
+    def register_replica(self, name: str, placement: dict) -> None:
+        import ray
+
+        ray.get(self.handle.register_replica.remote(name, placement))
 
     def stats(self) -> dict:
         import ray

@@ -67,16 +67,17 @@ class LocalService:
     grpc_address: str  # 127.0.0.1:<port>
     grpc_port: int
     api_key: str  # every /v1 and gRPC request must send it (Bearer)
+    admin_token: str  # /admin/* must send it (Bearer)
 
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
     """The Ray service (drafter actors, coordinator actor, Serve app `specfleet`) with HTTP and
-    gRPC, its API key read from a key file named in the config. Started once (Ray + Serve cost
+    gRPC, its API key read from a key file named in the config, its admin token from the environment. Started once (Ray + Serve cost
     ~40-60 s on 2 cores); tests/test_service*.py share it."""
     from deploy.app import start_local_service, stop_local_service
 
-    api_key = secrets.token_urlsafe(24)
+    api_key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     key_file = tmp_path_factory.mktemp("keys") / "api_keys"
     key_file.write_text(f"# specfleet test key\n{api_key}\n")
     args = {"policy": "metasd-ucb-cost", "k": 7, "api_key_file": str(key_file),
@@ -85,10 +86,12 @@ def service(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment
         env.delenv("SPECFLEET_API_KEYS", raising=False)
         env.delenv("SPECFLEET_API_KEY_FILE", raising=False)
+        env.delenv("SPECFLEET_ADMIN_TOKEN_FILE", raising=False)
+        env.setenv("SPECFLEET_ADMIN_TOKEN", admin_token)
         try:
             url = start_local_service(args, port=http_port, grpc_port=grpc_port)
         except BaseException:
             stop_local_service(args)
             raise
-    yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key)
+    yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key, admin_token)
     stop_local_service(args)

@@ -90,3 +90,25 @@ def test_the_config_refuses_keys_without_echoing_them(name):
 def test_the_config_names_a_key_file_and_never_dumps_keys():
     config = ServiceConfig.model_validate({"api_key_file": "/etc/specfleet/keys"})
     assert config.api_key_file == "/etc/specfleet/keys" and "api_keys" not in config.model_dump()
+
+
+def test_the_admin_token_comes_from_its_env_var_its_file_or_the_default_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert not ApiKeys.admin({}).required  # nothing configured: the admin API is off
+    default = tmp_path / ".specfleet" / "admin_token"
+    default.parent.mkdir()
+    default.write_text("from-default-file\n")
+    ApiKeys.admin({}).check("Bearer from-default-file")
+    named = tmp_path / "elsewhere"
+    named.write_text("# admin\nfrom-named-file\n")
+    ApiKeys.admin({"SPECFLEET_ADMIN_TOKEN_FILE": str(named)}).check("Bearer from-named-file")
+    from_env = ApiKeys.admin({"SPECFLEET_ADMIN_TOKEN": "from-env", "SPECFLEET_ADMIN_TOKEN_FILE": str(named)})
+    from_env.check("Bearer from-env")  # the env var wins
+    with pytest.raises(AuthenticationError):
+        from_env.check("Bearer from-named-file")
+
+
+def test_an_unreadable_admin_token_file_fails_naming_the_setting(tmp_path):
+    with pytest.raises(InvalidRequestError) as caught:
+        ApiKeys.admin({"SPECFLEET_ADMIN_TOKEN_FILE": str(tmp_path / "missing")})
+    assert caught.value.field == "SPECFLEET_ADMIN_TOKEN_FILE"

@@ -67,3 +67,22 @@ def test_no_room_to_draft_means_a_plain_step_without_asking_any_drafter():
 
 def test_finishing_an_unknown_request_is_harmless():
     Coordinator({"a": RecordingProposer("a")}, policy="fixed:a").finish("never-seen", [1])
+
+
+def test_a_drafter_added_live_is_explored_by_the_request_in_flight_after_catching_up():
+    a, late = RecordingProposer("a"), RecordingProposer("late")
+    coordinator = Coordinator({"a": a}, policy="metasd-ucb", seed=0)
+    committed = [1, 2, 3]
+    proposal = coordinator.propose("r", committed, None, 2, GREEDY)
+    coordinator.add_drafter("late", late)
+    # UCB tries an untried arm first: the next round of the same request goes to the new drafter
+    proposal = coordinator.propose("r", [7], Feedback(proposal.drafter, 2, 0, 0.1), 2, GREEDY)
+    assert proposal.drafter == "late"
+    assert late.seen["r"] == committed + [7]  # the whole context, caught up at once
+    assert "late" in coordinator.stats()["drafters"] and "late" in coordinator.spec.arms
+
+
+def test_adding_a_drafter_whose_name_is_taken_is_refused():
+    coordinator = Coordinator({"a": RecordingProposer("a")}, policy="metasd-ucb")
+    with pytest.raises(ValueError, match="already in the pool"):
+        coordinator.add_drafter("a", RecordingProposer("a"))

@@ -1,0 +1,151 @@
+"""The drafter pool on a Ray cluster: start it, grow it, find where everything runs, stop it.
+
+`start_pool(config)` turns the config's drafters into resource requests (cluster/resources.py),
+reserves the GPU-holding ones together in the placement group `specfleet:pool` (one bundle per
+drafter, the config's strategy), starts one named actor per drafter (`specfleet:drafter:<name>`)
+and the coordinator actor over them. A redeploy finds the coordinator by name and keeps the pool
+and its bandit statistics.
+
+`add_drafter(config, drafter)` starts one more drafter actor, in a placement group of its own
+(`specfleet:pool:<name>`) when it asks for resources, and registers it with the coordinator as a
+new arm, live; `remove_drafter(name)` drains it out (requests in flight carry on with the other
+arms) and stops it. `pool_status()` reports the nodes, the target replicas and every drafter (node,
+Ray's GPU ids, device, up/down, pulls, acceptance) for `specfleet status`. `stop_pool` kills the
+actors and removes the placement groups.
+"""
+from __future__ import annotations
+
+from actors.models import model_vocab_size
+from actors.remote import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
+from cluster.local import NAMESPACE
+from cluster.placement import in_bundle, release, reserve
+from cluster.resources import DrafterResources, bundle_indices, drafter_gpus
+from deploy.config import DrafterConfig, ServiceConfig
+from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
+
+POOL_GROUP = "specfleet:pool"
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0.0)
+
+
+def _spec(config: ServiceConfig, drafter: DrafterConfig, cluster_gpus: float) -> DrafterSpec:
+    num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, cluster_gpus)
+    return DrafterSpec(drafter.name, drafter.kind, drafter.model, drafter.num_layers, config.target.dtype,
+                       num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
+
+
+def _resources(spec: DrafterSpec) -> DrafterResources:
+    return DrafterResources(spec.name, spec.num_gpus, spec.num_cpus, spec.resources)
+
+
+def start_pool(config: ServiceConfig) -> None:
+    """Start (or reuse, by name) the drafter actors and the coordinator actor."""
+    import ray
+
+    try:
+        ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+        return  # a redeploy of the same app keeps its pool and its bandit statistics
+    except ValueError:
+        pass
+    vocab = model_vocab_size(config.target.model)
+    cluster_gpus = _cluster_gpus()
+    specs = [_spec(config, d, cluster_gpus) for d in config.drafters]
+    resources = [_resources(s) for s in specs]
+    indices = bundle_indices(resources)
+    group = None
+    if indices:
+        bundles = [r.bundle for r in resources if r.name in indices]
+        group = reserve(POOL_GROUP, bundles, config.placement.strategy, config.placement.timeout_s)
+    handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
+               for s in specs}
+    ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
+    coordinator = start_coordinator_actor(handles, config.policy)
+    ray.get(coordinator.stats.remote())
+
+
+def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
+    """Start `drafter` and make it an arm of the running coordinator. -> its placement."""
+    import ray
+
+    coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+    if drafter.name in ray.get(coordinator.drafter_handles.remote()):
+        raise ValueError(f"drafter {drafter.name!r} is already in the pool")
+    spec = _spec(config, drafter, _cluster_gpus())
+    bundle = _resources(spec).bundle
+    strategy = None
+    if bundle:
+        group = reserve(f"{POOL_GROUP}:{spec.name}", [bundle], "PACK", config.placement.timeout_s)
+        strategy = in_bundle(group, 0)
+    handle = start_drafter_actor(spec, model_vocab_size(config.target.model), strategy)
+    placement = ray.get(handle.placement.remote())  # started and answering before it becomes an arm
+    ray.get(coordinator.add_drafter.remote(spec.name, handle))
+    return placement
+
+
+def remove_drafter(name: str, drain_s: float = 30.0) -> None:
+    """Drain `name` out of the coordinator (rounds in flight finish), then stop its actor and free
+    its own placement group. Raises KeyError for an unknown drafter, InvalidRequestError when
+    the policy would be left without an arm."""
+    import ray
+
+    from ray.exceptions import RayTaskError
+
+    coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+    try:
+        handle = ray.get(coordinator.remove_drafter.remote(name, drain_s))
+    except RayTaskError as err:
+        raise err.as_instanceof_cause() from None
+    ray.kill(handle)
+    release(f"{POOL_GROUP}:{name}")
+
+
+def _probe(handle) -> dict:
+    import ray
+
+    try:
+        return {"status": "up"} | ray.get(handle.placement.remote(), timeout=HEALTH_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - a dead or hung actor is a status, not a crash
+        return {"status": "down", "error": type(err).__name__, "kind": None, "model": None, "node": None,
+                "node_ip": None, "gpu": [], "device": None}
+
+
+def pool_status() -> dict:
+    """{"nodes", "policy", "replicas", "drafters"} of the running service (see specfleet status)."""
+    import ray
+
+    coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+    stats = ray.get(coordinator.stats.remote())
+    handles = ray.get(coordinator.drafter_handles.remote())
+    alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    replicas = [{"replica": name} | where
+                for name, where in sorted(ray.get(coordinator.registered_replicas.remote()).items()) if name in alive]
+    drafters = []
+    for name, handle in handles.items():
+        probe = _probe(handle)
+        numbers = stats["drafters"].get(name, {})
+        drafters.append({"name": name} | probe
+                        | {"pulls": numbers.get("pulls", 0), "acceptance": numbers.get("acceptance")})
+    nodes = [{"node": n["NodeID"], "node_ip": n["NodeManagerAddress"], "alive": n["Alive"],
+              "gpus": n.get("Resources", {}).get("GPU", 0.0)} for n in ray.nodes()]
+    return {"policy": stats["policy"], "nodes": nodes, "replicas": replicas, "drafters": drafters}
+
+
+def stop_pool(config: ServiceConfig) -> None:
+    import ray
+
+    try:
+        coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+        names = list(ray.get(coordinator.drafter_handles.remote(), timeout=HEALTH_TIMEOUT_S))
+    except Exception:  # noqa: BLE001 - no coordinator, or a dead one: fall back to the config's names
+        names = []
+    for name in [COORDINATOR_NAME] + [DRAFTER_PREFIX + n for n in {*names, *(d.name for d in config.drafters)}]:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+        except ValueError:
+            pass
+    release(POOL_GROUP, prefix=True)  # the pool's group and those of drafters added later

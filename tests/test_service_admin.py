@@ -1,0 +1,99 @@
+"""The admin API on the running Ray service: always behind the admin token (never an API key),
+it lists the pool, adds a drafter actor as a live arm and drains one out, and turns bad input into
+OpenAI-style errors naming the field; answers stay equal to plain decoding throughout."""
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from actors.no_draft import NO_DRAFT
+from actors.pool import build_drafters
+from deploy.engine import SpeculativeEngine
+from deploy.sampling import SamplingParams
+from tests.conftest import CHAT_PROMPTS
+
+pytestmark = [pytest.mark.model, pytest.mark.ray]
+MAX_TOKENS = 24
+
+
+def admin(service, method: str, path: str, body: dict | None = None, token: str | None = "") -> tuple[int, dict]:
+    """Call /admin/*; sends the admin token unless `token` is given (None: no header)."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token or service.admin_token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{service.url}/admin{path}", data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
+    return engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS)).text
+
+
+def ask(service) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[0], max_tokens=MAX_TOKENS,
+                                           temperature=0)
+    return reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("token, problem", [(None, "missing"), ("wrong-token", "invalid")])
+def test_the_admin_api_refuses_a_caller_without_the_admin_token(service, token, problem):
+    status, body = admin(service, "GET", "/drafters", token=token)
+    assert status == 401 and problem in body["error"]["message"]
+
+
+def test_an_api_key_is_not_an_admin_token(service):
+    status, _ = admin(service, "GET", "/drafters", token=service.api_key)
+    assert status == 401
+
+
+def test_the_admin_api_lists_the_pool_with_placement_and_statistics(service):
+    status, body = admin(service, "GET", "/drafters")
+    assert status == 200
+    drafters = {d["name"]: d for d in body["data"]}
+    assert set(drafters) == {"ngram", "suffix", "hierarchy", NO_DRAFT}
+    for d in drafters.values():
+        assert {"name", "kind", "model", "node", "gpu", "status", "pulls", "acceptance"} <= set(d)
+        assert d["status"] == "up" and d["node"] and d["node_ip"]
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"name": "x", "kind": "telepathy"}, 400, "kind"),
+    ({"kind": "ngram"}, 400, "name"),
+    ({"name": "bad name!", "kind": "ngram"}, 400, "name"),
+    ({"name": "x", "kind": "hf"}, 400, None),  # an hf drafter needs a model
+    ({"name": "ngram", "kind": "ngram"}, 409, "name"),  # taken
+])
+def test_bad_drafter_additions_get_errors_naming_the_field(service, body, status, param):
+    got, answer = admin(service, "POST", "/drafters", body)
+    assert got == status and answer["error"]["param"] == param
+
+
+def test_removing_an_unknown_drafter_is_a_404(service):
+    status, body = admin(service, "DELETE", "/drafters/nobody")
+    assert status == 404 and body["error"]["param"] == "name"
+
+
+def test_a_drafter_added_live_serves_as_an_arm_and_drains_out_on_removal(service, plain):
+    status, placed = admin(service, "POST", "/drafters", {"name": "ngram-live", "kind": "ngram"})
+    assert status == 201 and placed["name"] == "ngram-live" and placed["node"]
+    answers = [ask(service) for _ in range(3)]  # UCB tries the new, untried arm in these requests
+    _, listed = admin(service, "GET", "/drafters")
+    live = next(d for d in listed["data"] if d["name"] == "ngram-live")
+    assert live["pulls"] > 0  # the bandit explored it
+    status, _ = admin(service, "DELETE", "/drafters/ngram-live")
+    assert status == 200
+    _, listed = admin(service, "GET", "/drafters")
+    assert "ngram-live" not in {d["name"] for d in listed["data"]}
+    answers.append(ask(service))
+    assert answers == [plain] * 4
