@@ -24,6 +24,7 @@ from deploy.config import DrafterConfig, ServiceConfig
 from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
 
 POOL_GROUP = "specfleet:pool"
+REPLICA_PREFIX = "SERVE_REPLICA::specfleet#"  # Serve's actor names for the app's replicas
 HEALTH_TIMEOUT_S = 5.0
 
 
@@ -64,7 +65,7 @@ def start_pool(config: ServiceConfig) -> None:
     handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
                for s in specs}
     ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
-    coordinator = start_coordinator_actor(handles, config.policy)
+    coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s)
     ray.get(coordinator.stats.remote())
 
 
@@ -121,9 +122,10 @@ def pool_status() -> dict:
     coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
     stats = ray.get(coordinator.stats.remote())
     handles = ray.get(coordinator.drafter_handles.remote())
-    alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
-    replicas = [{"replica": name} | where
-                for name, where in sorted(ray.get(coordinator.registered_replicas.remote()).items()) if name in alive]
+    registered = ray.get(coordinator.registered_replicas.remote())
+    unknown = {"node": None, "node_ip": None, "gpu": [], "device": None}  # alive, not (yet) registered
+    replicas = [{"replica": a["name"]} | registered.get(a["name"], unknown)
+                for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(REPLICA_PREFIX)]
     drafters = []
     for name, handle in handles.items():
         probe = _probe(handle)

@@ -80,6 +80,7 @@ class ServiceConfig(BaseModel):
         min_length=1,
     )
     placement: PlacementConfig = PlacementConfig()
+    draft_timeout_s: float = Field(default=5.0, gt=0)  # a drafter answering later costs the round its draft; it is marked down
     policy: str = DEFAULT_POLICY
     k: int = Field(default=7, ge=1, le=32)
     max_padding: int = Field(default=4, ge=0, le=16)

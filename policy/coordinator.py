@@ -31,11 +31,13 @@ import numpy as np
 
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
+from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, parse_policy
 
 COORDINATOR_NAME = "specfleet:coordinator"
+DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class Coordinator:
         """
         with self._lock:
             request = self.requests.get(request_id)
+            if request is None and feedback is not None:
+                return None  # begun before this coordinator (re)started: it lacks the context, so no draft
             if request is None:
                 rng = np.random.default_rng(self._rng.integers(2**63))
                 request = self.requests[request_id] = _Request(self.spec.make(self.global_stats, rng))
@@ -148,13 +152,13 @@ class Coordinator:
             spec = parse_policy(self.spec.name, [*self.drafters, name])
             self.drafters[name] = drafter
             self.spec = spec
-            self.drafter_stats[name] = DrafterStats()
+            self.drafter_stats.setdefault(name, DrafterStats())  # a drafter rejoining keeps its statistics
             if name in spec.arms:
-                self.global_stats[name] = ArmStats()
+                self.global_stats.setdefault(name, ArmStats())
                 for request in self.requests.values():
                     request.bandit.add_arm(name)
 
-    def remove_drafter(self, name: str) -> Proposer:
+    def remove_drafter(self, name: str, keep_stats: bool = False) -> Proposer:
         """Take an arm out, live: no round picks it again; requests in flight carry on with the
         remaining arms. Refused (InvalidRequestError naming `policy`) when it would leave the
         policy no arm. -> the drafter, whose sessions the caller drops."""
@@ -164,8 +168,9 @@ class Coordinator:
             spec = parse_policy(self.spec.name, [d for d in self.drafters if d != name])
             drafter = self.drafters.pop(name)
             self.spec = spec
-            self.drafter_stats.pop(name, None)
-            self.global_stats.pop(name, None)
+            if not keep_stats:
+                self.drafter_stats.pop(name, None)
+                self.global_stats.pop(name, None)
             for request in self.requests.values():
                 request.sent.pop(name, None)
                 if name in request.bandit.stats:
@@ -205,31 +210,81 @@ class Coordinator:
 
 class CoordinatorActor:
     """The async Ray actor body: `Coordinator`'s bandit logic, drafting awaited on drafter actors,
-    so concurrent requests' rounds never wait on each other's drafting."""
+    so concurrent requests' rounds never wait on each other's drafting.
 
-    def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0) -> None:
-        self.core = Coordinator(drafters, policy, seed)  # values are drafter actor handles
+    Failures: a drafter that fails a round (its actor died, or raised) or misses the per-round
+    deadline (`draft_timeout_s`) costs that round its draft only (an empty proposal: a plain
+    target step). The arm is marked down and taken out of every bandit; a hung actor is killed so
+    that Ray restarts it (drafter actors have max_restarts=-1). A watcher probes down arms every
+    second and puts each back as an arm (statistics kept) once it answers again. The actor
+    itself restarts after a crash (max_restarts=-1) with the pool rebuilt from the named drafter
+    actors alive in the namespace; requests in flight then finish on plain decoding
+    (`RemoteCoordinator`)."""
+
+    def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
+                 draft_timeout_s: float = DRAFT_TIMEOUT_S) -> None:
+        self.core = Coordinator(_pool_at_start(drafters), policy, seed)  # values: drafter actor handles
+        self.draft_timeout_s = draft_timeout_s
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
+        self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
+        self._watcher: asyncio.Task | None = None
 
     async def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
+        from ray.exceptions import RayError
+
         choice = self.core.select(request_id, new_tokens, feedback, k)
         if choice is None:
             return Proposal(drafter=NO_DRAFT)
         arm, delta = choice
+        if arm in self.down:  # still the only arm the policy has: plain steps until it is back
+            return Proposal(drafter=arm)
+        handle = self.core.drafters[arm]
         self.drafting[arm] = self.drafting.get(arm, 0) + 1
         try:
-            proposal = await self.core.drafters[arm].propose.remote(request_id, delta, k, sampling)
+            call = handle.propose.remote(request_id, delta, k, sampling)
+            proposal = await asyncio.wait_for(call, self.draft_timeout_s)
+        except (asyncio.TimeoutError, RayError) as err:
+            self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
+            return Proposal(drafter=arm)  # this round without a draft
         finally:
             self.drafting[arm] -= 1
         return Coordinator.as_round(arm, proposal, k)
+
+    def _mark_down(self, arm: str, handle, hung: bool) -> None:
+        import ray
+
+        if arm in self.down:
+            return
+        try:
+            self.core.remove_drafter(arm, keep_stats=True)
+            removed = True
+        except (KeyError, InvalidRequestError):  # gone already, or the policy's last arm: keep it selectable
+            removed = False
+        self.down[arm] = (handle, removed)
+        if hung:
+            ray.kill(handle, no_restart=False)  # Ray restarts it; the watcher sees it answer again
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_down())
+
+    async def _watch_down(self) -> None:
+        while self.down:
+            await asyncio.sleep(1.0)
+            for arm, (handle, removed) in list(self.down.items()):
+                try:
+                    await asyncio.wait_for(handle.open_sessions.remote(), self.draft_timeout_s)
+                except Exception:  # noqa: BLE001 - still dead, restarting or hung
+                    continue
+                del self.down[arm]
+                if removed and arm not in self.core.drafters:
+                    self.core.add_drafter(arm, handle)
 
     async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         for name, delta in self.core.close(request_id, new_tokens, feedback).items():
             self.core.drafters[name].release.remote(request_id, delta)  # fire and forget, ordered per caller
 
     async def stats(self) -> dict:
-        return self.core.stats()
+        return self.core.stats() | {"down": sorted(self.down)}
 
     async def add_drafter(self, name: str, handle) -> None:
         self.core.add_drafter(name, handle)
@@ -253,16 +308,43 @@ class CoordinatorActor:
         return dict(self.replicas)
 
 
-def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0):
-    """The named async actor `specfleet:coordinator` over drafter actor handles."""
+def _named_drafters() -> dict[str, object]:
+    """The drafter actors alive in the `specfleet` namespace, by drafter name ({} outside Ray)."""
+    import ray
+
+    from actors.remote import DRAFTER_PREFIX
+    from cluster.local import NAMESPACE
+
+    if not ray.is_initialized():
+        return {}
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)]
+    return {name.removeprefix(DRAFTER_PREFIX): ray.get_actor(name, namespace=NAMESPACE) for name in names}
+
+
+def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
+    """The given drafters, or after a restart the drafter actors alive now (the given order first,
+    then drafters added live since), so removed drafters stay out and added ones come back."""
+    named = _named_drafters()
+    if not named:
+        return dict(given)
+    ordered = [n for n in given if n in named] + sorted(n for n in named if n not in given)
+    return {name: named[name] for name in ordered}
+
+
+def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
+                            draft_timeout_s: float = DRAFT_TIMEOUT_S):
+    """The named async actor `specfleet:coordinator` over drafter actor handles (restarted by Ray
+    after a crash, with the same arguments)."""
     import ray
 
     from cluster.local import NAMESPACE
 
     actor = ray.remote(CoordinatorActor).options(
         name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=256, lifetime="detached",
+        max_restarts=-1, max_task_retries=0,
     )
-    return actor.remote(dict(drafters), policy, seed)
+    return actor.remote(dict(drafters), policy, seed, draft_timeout_s)
 
 
 def connect_coordinator() -> "RemoteCoordinator":
@@ -275,27 +357,56 @@ def connect_coordinator() -> "RemoteCoordinator":
 
 
 class RemoteCoordinator:
-    """The engine-facing interface (`propose`, `finish`, `reward_kind`) over the coordinator actor."""
+    """The engine-facing interface (`propose`, `finish`, `reward_kind`) over the coordinator actor.
+    If the actor fails a call (it crashed; Ray restarts it), the request carries on with plain
+    target steps to its end, still exact; later requests use the restarted coordinator."""
 
     def __init__(self, handle) -> None:
         import ray
 
         self.handle = handle
         self.reward_kind = ray.get(handle.stats.remote())["reward"]
+        self.degraded: set[str] = set()  # requests finishing on plain decoding since a coordinator failure
+        self._lock = threading.Lock()
+        self._registration: tuple[str, dict] | None = None
+        self._reregister = False
 
     def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
         import ray
+        from ray.exceptions import RayError
 
-        return ray.get(self.handle.propose.remote(request_id, list(new_tokens), feedback, k, sampling))
+        if request_id in self.degraded:
+            return Proposal(drafter=NO_DRAFT)
+        try:
+            proposal = ray.get(self.handle.propose.remote(request_id, list(new_tokens), feedback, k, sampling))
+            if self._reregister and self._registration is not None:
+                self._reregister = False
+                self.handle.register_replica.remote(*self._registration)
+            return proposal
+        except RayError:  # the coordinator died or is restarting: this request ends on plain decoding
+            with self._lock:
+                self.degraded.add(request_id)
+                self._reregister = True  # a restarted coordinator has forgotten where this replica runs
+            return Proposal(drafter=NO_DRAFT)
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         import ray
+        from ray.exceptions import RayError
 
-        ray.get(self.handle.finish.remote(request_id, list(new_tokens), feedback))
+        with self._lock:
+            degraded = request_id in self.degraded
+            self.degraded.discard(request_id)
+        if degraded:
+            return  # a restarted coordinator never knew it
+        try:
+            ray.get(self.handle.finish.remote(request_id, list(new_tokens), feedback))
+        except RayError:
+            pass  # sessions it held die with the old coordinator's drafter calls or expire (actors/session.py)
 
     def register_replica(self, name: str, placement: dict) -> None:
         import ray
 
+        self._registration = (name, placement)
         ray.get(self.handle.register_replica.remote(name, placement))
 
     def stats(self) -> dict:

@@ -1,0 +1,144 @@
+"""Failures on the running Ray service never fail a request and never change an answer: a drafter
+actor that dies or hangs costs rounds their drafts only (per-round deadline), is marked down,
+restarted by Ray and rejoins as an arm; a crashed coordinator is restarted by Ray while requests
+finish on plain decoding. Runs after the other service tests (it kills parts of the service)."""
+import time
+
+import pytest
+
+from actors.no_draft import NO_DRAFT
+from actors.pool import build_drafters
+from deploy.engine import SpeculativeEngine
+from deploy.sampling import SamplingParams
+from tests.conftest import CHAT_PROMPTS
+
+pytestmark = [pytest.mark.model, pytest.mark.ray]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
+    return engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS)).text
+
+
+def ask(service) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[0], max_tokens=MAX_TOKENS,
+                                           temperature=0)
+    return reply.choices[0].message.content
+
+
+def coordinator():
+    import ray
+
+    from cluster.local import NAMESPACE
+    from policy.coordinator import COORDINATOR_NAME
+
+    return ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+
+
+def coordinator_stats(timeout_s: float = 60.0) -> dict:
+    """The coordinator's statistics, waiting while Ray restarts it."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(coordinator().stats.remote(), timeout=10)
+        except (ray.exceptions.RayError, ValueError):
+            assert time.monotonic() < deadline, "the coordinator did not come back"
+            time.sleep(0.5)
+
+
+def pulls(stats: dict) -> int:
+    return sum(d["pulls"] for d in stats["drafters"].values())
+
+
+def wait_until(condition, timeout_s: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_a_hung_drafter_costs_rounds_their_drafts_only_and_rejoins_once_it_answers(service, plain, tmp_path):
+    import ray
+
+    from actors.remote import DRAFTER_PREFIX
+    from cluster.local import NAMESPACE
+
+    stall = tmp_path / "stall"
+    stall.touch()
+
+    class StallingDrafter:
+        """Hangs (propose and health probes) while the file exists; then drafts nothing."""
+
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def _wait(self) -> None:
+            import os
+
+            while os.path.exists(self.path):
+                time.sleep(0.1)
+
+        def propose(self, session, context_delta, k, sampling):
+            from actors.proposal import Proposal
+
+            self._wait()
+            return Proposal("stall")
+
+        def release(self, session, context_delta=()) -> None:
+            pass
+
+        def open_sessions(self) -> int:
+            self._wait()
+            return 0
+
+    handle = ray.remote(StallingDrafter).options(
+        name=DRAFTER_PREFIX + "stall", namespace=NAMESPACE, num_cpus=0, max_restarts=-1, lifetime="detached",
+        max_concurrency=4).remote(str(stall))
+    ray.get(coordinator().add_drafter.remote("stall", handle))
+    try:
+        assert ask(service) == plain  # UCB tries the new arm in this request: it hangs past the deadline
+        stats = coordinator_stats()
+        assert stats["down"] == ["stall"] and "stall" not in ray.get(coordinator().drafter_handles.remote())
+        assert ask(service) == plain  # served while the arm is down
+        stall.unlink()  # it answers again: Ray restarted it after the coordinator killed it
+        wait_until(lambda: coordinator_stats()["down"] == [], what="the drafter to rejoin")
+        assert "stall" in ray.get(coordinator().drafter_handles.remote())
+        assert ask(service) == plain
+    finally:
+        stall.unlink(missing_ok=True)
+        from cluster.pool import remove_drafter
+
+        remove_drafter("stall", drain_s=5)
+
+
+def test_a_killed_drafter_never_fails_a_request_and_is_back_after_ray_restarts_it(service, plain):
+    import ray
+
+    from actors.remote import DRAFTER_PREFIX
+    from cluster.local import NAMESPACE
+
+    for name in ("ngram", "hierarchy"):
+        ray.kill(ray.get_actor(DRAFTER_PREFIX + name, namespace=NAMESPACE), no_restart=False)
+    assert [ask(service) for _ in range(2)] == [plain] * 2
+    wait_until(lambda: coordinator_stats()["down"] == [], what="the drafters to rejoin")
+    assert {"ngram", "hierarchy"} <= set(ray.get(coordinator().drafter_handles.remote()))
+    assert ask(service) == plain
+
+
+def test_a_crashed_coordinator_leaves_the_service_answering_and_comes_back_with_the_pool(service, plain):
+    import ray
+
+    pool_before = sorted(ray.get(coordinator().drafter_handles.remote()))
+    ray.kill(coordinator(), no_restart=False)
+    assert ask(service) == plain  # on plain decoding, or on the restarted coordinator
+    pulls_before = pulls(coordinator_stats())
+    assert sorted(ray.get(coordinator().drafter_handles.remote())) == pool_before  # removed ones stay out
+    assert ask(service) == plain
+    assert pulls(coordinator_stats()) > pulls_before  # the restarted coordinator drafts again
