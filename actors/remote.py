@@ -54,6 +54,12 @@ class DrafterActor:
         devices = [str(p.device) for p in parts if getattr(p, "device", None) is not None]
         return {"kind": self.spec.kind, "model": self.spec.model} | here() | {"device": devices[0] if devices else "cpu"}
 
+    def rss_bytes(self) -> int:
+        """This actor process's resident memory (for leak checks)."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
     def open_sessions(self) -> int:
         sessions = getattr(self.proposer, "sessions", None)
         return len(sessions) if sessions is not None else 0

@@ -1,0 +1,121 @@
+"""Load with chaos on the running Ray service: 16 concurrent streaming clients while a drafter is
+added, one is killed (Ray restarts it) and the added one is removed. Zero failed requests, every
+greedy answer equal to plain decoding, and no leak: no drafter session or coordinator request
+left open, drafter actor memory flat. Short form in `make test` (SPECFLEET_LOAD_S, default 20 s
+of load); the README's figures come from SPECFLEET_LOAD_S=120."""
+import os
+import statistics
+import threading
+import time
+
+import pytest
+
+from actors.no_draft import NO_DRAFT
+from actors.pool import build_drafters
+from deploy.engine import SpeculativeEngine
+from deploy.sampling import SamplingParams
+from tests.conftest import CHAT_PROMPTS
+
+pytestmark = [pytest.mark.model, pytest.mark.ray]
+CLIENTS = 16
+LOAD_S = float(os.environ.get("SPECFLEET_LOAD_S", "20"))
+MAX_TOKENS = 16
+MEMORY_SLACK = 64 << 20  # bytes a drafter actor may grow over the run
+
+
+@pytest.fixture(scope="module")
+def expected(target):
+    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
+    return [engine.generate(messages=m, sampling=SamplingParams(max_tokens=MAX_TOKENS)).text for m in CHAT_PROMPTS]
+
+
+def drafter_actors() -> dict:
+    import ray
+
+    from actors.remote import DRAFTER_PREFIX
+    from cluster.local import NAMESPACE
+
+    return {a["name"].removeprefix(DRAFTER_PREFIX): ray.get_actor(a["name"], namespace=NAMESPACE)
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)}
+
+
+def chaos(service, stop: threading.Event, events: list[str]) -> None:
+    """Add a drafter, kill one (Ray restarts it), remove the added one: spread over the run."""
+    import ray
+
+    from tests.test_service_admin import admin
+
+    pause = LOAD_S / 4
+    if stop.wait(pause):
+        return
+    status, _ = admin(service, "POST", "/drafters", {"name": "load-ngram", "kind": "ngram"})
+    events.append(f"add load-ngram: {status}")
+    if stop.wait(pause):
+        return
+    ray.kill(drafter_actors()["suffix"], no_restart=False)
+    events.append("kill suffix")
+    if stop.wait(pause):
+        return
+    status, _ = admin(service, "DELETE", "/drafters/load-ngram")
+    events.append(f"remove load-ngram: {status}")
+
+
+def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(service, expected):
+    import ray
+    from openai import OpenAI
+
+    from tests.test_service_faults import coordinator_stats, wait_until
+
+    memory_before = {name: ray.get(h.rss_bytes.remote()) for name, h in drafter_actors().items()}
+    results: list[tuple[bool, float]] = []  # (answer exact, seconds)
+    failures: list[str] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + LOAD_S
+
+    def client(index: int) -> None:
+        openai = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=600)
+        turn = index
+        while time.monotonic() < deadline:
+            prompt = turn % len(CHAT_PROMPTS)
+            turn += 1
+            start = time.monotonic()
+            try:
+                chunks = openai.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[prompt],
+                                                        max_tokens=MAX_TOKENS, temperature=0, stream=True)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            except Exception as err:  # noqa: BLE001 - every failure is counted, none may happen
+                with lock:
+                    failures.append(repr(err)[:200])
+                continue
+            with lock:
+                results.append((text == expected[prompt], time.monotonic() - start))
+
+    stop, events = threading.Event(), []
+    saboteur = threading.Thread(target=chaos, args=(service, stop, events))
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in [saboteur, *threads]:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    saboteur.join()
+
+    latencies = sorted(seconds for _, seconds in results)
+    print(f"\nload: {len(results)} requests, {len(failures)} failed, "
+          f"{sum(not ok for ok, _ in results)} inexact, p50 {statistics.median(latencies):.2f} s, "
+          f"p99 {latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]:.2f} s; chaos: {events}")
+    assert failures == [] and len(results) >= CLIENTS
+    assert all(ok for ok, _ in results)
+    assert events == ["add load-ngram: 201", "kill suffix", "remove load-ngram: 200"]
+
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0 and coordinator_stats()["down"] == [],
+               what="the coordinator to settle")
+    actors = drafter_actors()
+    assert "load-ngram" not in actors
+    wait_until(lambda: all(ray.get(h.open_sessions.remote()) == 0 for h in actors.values()),
+               timeout_s=30, what="every drafter session to be released")
+    growth = {name: ray.get(h.rss_bytes.remote()) - memory_before[name] for name, h in actors.items()
+              if name != "suffix"}  # suffix was restarted mid-run: a new process
+    print(f"drafter actor memory growth (MiB): { {n: round(g / 2**20, 1) for n, g in growth.items()} }")
+    assert all(g < MEMORY_SLACK for g in growth.values()), growth
