@@ -72,6 +72,7 @@ def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int, scheduling_st
 
     actor = ray.remote(DrafterActor).options(
         name=DRAFTER_PREFIX + spec.name, namespace=NAMESPACE, num_gpus=spec.num_gpus, num_cpus=spec.num_cpus,
-        resources=dict(spec.resources), max_restarts=-1, max_task_retries=0, lifetime="detached", scheduling_strategy=scheduling_strategy,
+        resources=dict(spec.resources), max_restarts=-1, max_task_retries=0, lifetime="detached",
+        scheduling_strategy=scheduling_strategy,
     )
     return actor.remote(spec, target_vocab_size)

@@ -4,8 +4,9 @@
 waits until the cluster grants it (on an autoscaling cluster, pending bundles are what makes the
 autoscaler add GPU nodes); on timeout it removes the group and raises `PlacementError` naming the
 bundles asked for and the resources the cluster has. `release(name)` removes a live group (or,
-with prefix=True, every group whose name starts with `name`). `here()` reports the calling process's node and the GPU ids Ray
-assigned it (the ids are Ray's; a process without CUDA still runs, on the CPU).
+with prefix=True, every group whose name starts with `name`). `cluster_gpus()` counts the
+cluster's GPUs; `here()` reports the calling process's node and the GPU ids Ray assigned it (the
+ids are Ray's; a process without CUDA still runs, on the CPU).
 """
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def release(name: str, prefix: bool = False) -> list[str]:
             remove_placement_group(get_placement_group(group))
             removed.append(group)
     return removed
+
+
+def cluster_gpus() -> float:
+    """GPUs in the whole cluster (0 on a CPU cluster)."""
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0.0)
 
 
 def here() -> dict:

@@ -18,30 +18,21 @@ from __future__ import annotations
 from actors.models import model_vocab_size
 from actors.remote import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
 from cluster.local import NAMESPACE
-from cluster.placement import in_bundle, release, reserve
-from cluster.resources import DrafterResources, bundle_indices, drafter_gpus
+from cluster.placement import cluster_gpus, in_bundle, release, reserve
+from cluster.resources import bundle, bundle_indices, drafter_gpus
 from deploy.config import DrafterConfig, ServiceConfig
 from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
 
 POOL_GROUP = "specfleet:pool"
 REPLICA_PREFIX = "SERVE_REPLICA::specfleet#"  # Serve's actor names for the app's replicas
 HEALTH_TIMEOUT_S = 5.0
+NOWHERE = {"node": None, "node_ip": None, "gpu": [], "device": None}  # placement of what did not answer
 
 
-def _cluster_gpus() -> float:
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0.0)
-
-
-def _spec(config: ServiceConfig, drafter: DrafterConfig, cluster_gpus: float) -> DrafterSpec:
-    num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, cluster_gpus)
+def _spec(config: ServiceConfig, drafter: DrafterConfig, gpus_in_cluster: float) -> DrafterSpec:
+    num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, gpus_in_cluster)
     return DrafterSpec(drafter.name, drafter.kind, drafter.model, drafter.num_layers, config.target.dtype,
                        num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
-
-
-def _resources(spec: DrafterSpec) -> DrafterResources:
-    return DrafterResources(spec.name, spec.num_gpus, spec.num_cpus, spec.resources)
 
 
 def start_pool(config: ServiceConfig) -> None:
@@ -54,13 +45,12 @@ def start_pool(config: ServiceConfig) -> None:
     except ValueError:
         pass
     vocab = model_vocab_size(config.target.model)
-    cluster_gpus = _cluster_gpus()
-    specs = [_spec(config, d, cluster_gpus) for d in config.drafters]
-    resources = [_resources(s) for s in specs]
-    indices = bundle_indices(resources)
+    gpus_in_cluster = cluster_gpus()
+    specs = [_spec(config, d, gpus_in_cluster) for d in config.drafters]
+    indices = bundle_indices(specs)
     group = None
     if indices:
-        bundles = [r.bundle for r in resources if r.name in indices]
+        bundles = [bundle(s) for s in specs if s.name in indices]
         group = reserve(POOL_GROUP, bundles, config.placement.strategy, config.placement.timeout_s)
     handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
                for s in specs}
@@ -76,11 +66,10 @@ def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
     coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
     if drafter.name in ray.get(coordinator.drafter_handles.remote()):
         raise ValueError(f"drafter {drafter.name!r} is already in the pool")
-    spec = _spec(config, drafter, _cluster_gpus())
-    bundle = _resources(spec).bundle
+    spec = _spec(config, drafter, cluster_gpus())
     strategy = None
-    if bundle:
-        group = reserve(f"{POOL_GROUP}:{spec.name}", [bundle], "PACK", config.placement.timeout_s)
+    if bundle(spec):
+        group = reserve(f"{POOL_GROUP}:{spec.name}", [bundle(spec)], "PACK", config.placement.timeout_s)
         strategy = in_bundle(group, 0)
     handle = start_drafter_actor(spec, model_vocab_size(config.target.model), strategy)
     placement = ray.get(handle.placement.remote())  # started and answering before it becomes an arm
@@ -111,8 +100,7 @@ def _probe(handle) -> dict:
     try:
         return {"status": "up"} | ray.get(handle.placement.remote(), timeout=HEALTH_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001 - a dead or hung actor is a status, not a crash
-        return {"status": "down", "error": type(err).__name__, "kind": None, "model": None, "node": None,
-                "node_ip": None, "gpu": [], "device": None}
+        return {"status": "down", "error": type(err).__name__, "kind": None, "model": None} | NOWHERE
 
 
 def pool_status() -> dict:
@@ -123,8 +111,7 @@ def pool_status() -> dict:
     stats = ray.get(coordinator.stats.remote())
     handles = ray.get(coordinator.drafter_handles.remote())
     registered = ray.get(coordinator.registered_replicas.remote())
-    unknown = {"node": None, "node_ip": None, "gpu": [], "device": None}  # alive, not (yet) registered
-    replicas = [{"replica": a["name"]} | registered.get(a["name"], unknown)
+    replicas = [{"replica": a["name"]} | registered.get(a["name"], NOWHERE)  # alive, maybe not registered yet
                 for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(REPLICA_PREFIX)]
     drafters = []
     for name, handle in handles.items():

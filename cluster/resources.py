@@ -9,25 +9,15 @@ each, with the config's strategy (`PACK`: as few nodes as possible; `SPREAD`: ac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from actors.no_draft import NO_DRAFT
+from actors.remote import DrafterSpec
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
-
-@dataclass(frozen=True)
-class DrafterResources:
-    name: str
-    num_gpus: float
-    num_cpus: float
-    custom: tuple[tuple[str, float], ...] = ()  # custom Ray resources (a node type's label, say)
-
-    @property
-    def bundle(self) -> dict[str, float]:
-        """The placement-group bundle ({} when the drafter asks for nothing)."""
-        wanted = (("GPU", self.num_gpus), ("CPU", self.num_cpus), *self.custom)
-        return {key: value for key, value in wanted if value > 0}
+def bundle(spec: DrafterSpec) -> dict[str, float]:
+    """The drafter's placement-group bundle ({} when it asks for nothing)."""
+    wanted = (("GPU", spec.num_gpus), ("CPU", spec.num_cpus), *spec.resources)
+    return {key: value for key, value in wanted if value > 0}
 
 
 def drafter_gpus(kind: str, requested: float | None, cluster_gpus: float) -> float:
@@ -44,7 +34,7 @@ def target_gpus(requested: float | None, cluster_gpus: float) -> float:
     return 1.0 if cluster_gpus >= 1 else 0.0
 
 
-def bundle_indices(drafters: Sequence[DrafterResources]) -> dict[str, int]:
+def bundle_indices(drafters: Sequence[DrafterSpec]) -> dict[str, int]:
     """Drafter name -> its bundle's index in the pool's placement group (only drafters with a bundle)."""
-    placed = [d.name for d in drafters if d.bundle]
+    placed = [d.name for d in drafters if bundle(d)]
     return {name: index for index, name in enumerate(placed)}

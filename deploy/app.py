@@ -4,8 +4,8 @@
 args (`ServiceConfig`), resolves the optional API keys (deploy/auth.py: SPECFLEET_API_KEYS, a key
 file), starts the drafter pool (cluster/pool.py: one named actor per drafter, its own GPU on a GPU
 cluster, and the coordinator actor `specfleet:coordinator`), then binds the target deployment
-(one GPU per replica on a GPU cluster) with the FastAPI ingress; the same deployment serves the gRPC methods. This is the
-only place `serve.deployment(...)` and `.bind(...)` run.
+(one GPU per replica on a GPU cluster) with the FastAPI ingress; the same deployment serves the
+gRPC methods. This is the only place `serve.deployment(...)` and `.bind(...)` run.
 
 The admin token (deploy/auth.py `ApiKeys.admin`: SPECFLEET_ADMIN_TOKEN, its file, or
 ~/.specfleet/admin_token) is resolved here too and travels the same way; without one the admin
@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from cluster.local import connect, listening_hosts, shutdown
+from cluster.placement import cluster_gpus
 from cluster.pool import start_pool, stop_pool
 from cluster.resources import target_gpus
 from deploy.auth import ApiKeys
@@ -45,14 +46,13 @@ LOOPBACK_HOSTS = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
 def build_app(args: dict):
-    import ray
     from ray import serve
 
     config = ServiceConfig.model_validate(args or {})
     api_keys = ApiKeys.resolve(os.environ, config.api_key_file)  # before any actor starts: fail fast
     admin_keys = ApiKeys.admin(os.environ)
     start_pool(config)
-    num_gpus = target_gpus(config.target.num_gpus, ray.cluster_resources().get("GPU", 0.0))
+    num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
     deployment = serve.deployment(name="SpecfleetServer", ray_actor_options={
         "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(
         serve.ingress(app)(SpecfleetServer))

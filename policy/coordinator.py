@@ -17,7 +17,8 @@ out). `finish` learns the last round and releases every drafter's session.
 others (the actor body waits for the arm's rounds in flight before handing it back).
 
 `Coordinator` is a plain class (tested without Ray); `CoordinatorActor` is its async Ray actor
-body (it also keeps where each target replica runs, for `specfleet status`), and `start_coordinator_actor` applies `ray.remote` at build time and names the actor
+body (it also keeps where each target replica runs, for `specfleet status`), and
+`start_coordinator_actor` applies `ray.remote` at build time and names the actor
 `specfleet:coordinator`.
 """
 from __future__ import annotations

@@ -7,7 +7,6 @@ Weights are kept in log space. A warm-start prior sets log w_i = gamma * pulls_i
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

@@ -49,6 +49,27 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: "service" in getattr(item, "fixturenames", ()))
 
 
+def plain_text(target, messages: list[dict], max_tokens: int) -> str:
+    """What plain greedy target decoding (no drafts) answers: the reference every path must equal."""
+    from actors.no_draft import NO_DRAFT
+    from actors.pool import build_drafters
+    from deploy.engine import SpeculativeEngine
+    from deploy.sampling import SamplingParams
+
+    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
+    return engine.generate(messages=messages, sampling=SamplingParams(max_tokens=max_tokens)).text
+
+
+def chat_text(url: str, messages: list[dict], max_tokens: int, api_key: str = "unused") -> str:
+    """One greedy chat completion from the service at `url`, through the real `openai` client."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=max_tokens,
+                                           temperature=0)
+    return reply.choices[0].message.content
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct free TCP ports on 127.0.0.1 (all held open until chosen, so they differ)."""
     sockets = [socket.socket() for _ in range(n)]

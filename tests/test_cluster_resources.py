@@ -4,7 +4,8 @@ drafter; the service config names a bad placement or resource field."""
 import pytest
 from pydantic import ValidationError
 
-from cluster.resources import DrafterResources, bundle_indices, drafter_gpus, target_gpus
+from actors.remote import DrafterSpec
+from cluster.resources import bundle, bundle_indices, drafter_gpus, target_gpus
 from deploy.config import ServiceConfig
 
 
@@ -25,9 +26,9 @@ def test_an_explicit_gpu_count_wins_over_the_default():
 
 
 def test_only_drafters_that_ask_for_resources_get_a_bundle_in_pool_order():
-    pool = [DrafterResources("ngram", 1.0, 0.0), DrafterResources("none", 0.0, 0.0),
-            DrafterResources("small", 1.0, 2.0, (("specfleet_drafter", 1.0),))]
-    assert [d.bundle for d in pool] == [{"GPU": 1.0}, {}, {"GPU": 1.0, "CPU": 2.0, "specfleet_drafter": 1.0}]
+    pool = [DrafterSpec("ngram", "ngram", num_gpus=1.0), DrafterSpec("none", "none"),
+            DrafterSpec("small", "hf", "/models/small", num_gpus=1.0, num_cpus=2.0, resources=(("specfleet_drafter", 1.0),))]
+    assert [bundle(d) for d in pool] == [{"GPU": 1.0}, {}, {"GPU": 1.0, "CPU": 2.0, "specfleet_drafter": 1.0}]
     assert bundle_indices(pool) == {"ngram": 0, "small": 1}
 
 

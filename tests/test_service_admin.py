@@ -8,10 +8,7 @@ import urllib.request
 import pytest
 
 from actors.no_draft import NO_DRAFT
-from actors.pool import build_drafters
-from deploy.engine import SpeculativeEngine
-from deploy.sampling import SamplingParams
-from tests.conftest import CHAT_PROMPTS
+from tests.conftest import CHAT_PROMPTS, chat_text, plain_text
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MAX_TOKENS = 24
@@ -33,17 +30,11 @@ def admin(service, method: str, path: str, body: dict | None = None, token: str 
 
 @pytest.fixture(scope="module")
 def plain(target):
-    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
-    return engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS)).text
+    return plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
 
 
 def ask(service) -> str:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=300)
-    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[0], max_tokens=MAX_TOKENS,
-                                           temperature=0)
-    return reply.choices[0].message.content
+    return chat_text(service.url, CHAT_PROMPTS[0], MAX_TOKENS, service.api_key)
 
 
 @pytest.mark.parametrize("token, problem", [(None, "missing"), ("wrong-token", "invalid")])

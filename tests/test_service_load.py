@@ -10,11 +10,7 @@ import time
 
 import pytest
 
-from actors.no_draft import NO_DRAFT
-from actors.pool import build_drafters
-from deploy.engine import SpeculativeEngine
-from deploy.sampling import SamplingParams
-from tests.conftest import CHAT_PROMPTS
+from tests.conftest import CHAT_PROMPTS, plain_text
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 CLIENTS = 16
@@ -25,8 +21,7 @@ MEMORY_SLACK = 64 << 20  # bytes a drafter actor may grow over the run
 
 @pytest.fixture(scope="module")
 def expected(target):
-    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
-    return [engine.generate(messages=m, sampling=SamplingParams(max_tokens=MAX_TOKENS)).text for m in CHAT_PROMPTS]
+    return [plain_text(target, m, MAX_TOKENS) for m in CHAT_PROMPTS]
 
 
 def drafter_actors() -> dict:

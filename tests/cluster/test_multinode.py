@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 
 from actors.no_draft import NO_DRAFT
-from actors.pool import build_drafters
-from deploy.engine import SpeculativeEngine
-from deploy.sampling import SamplingParams
-from tests.conftest import CHAT_PROMPTS, free_ports
+from tests.conftest import CHAT_PROMPTS, chat_text, free_ports, plain_text
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model]
 
@@ -96,17 +93,11 @@ def cluster(admin_env):
 
 @pytest.fixture(scope="module")
 def plain(target):
-    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
-    return engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS)).text
+    return plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
 
 
 def ask(url: str) -> str:
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
-    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[0],
-                                           max_tokens=MAX_TOKENS, temperature=0)
-    return reply.choices[0].message.content
+    return chat_text(url, CHAT_PROMPTS[0], MAX_TOKENS)
 
 
 def specfleet(*args: str, env: dict) -> str:

@@ -9,19 +9,14 @@ import secrets
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 import yaml
 
-from actors.no_draft import NO_DRAFT
-from actors.pool import build_drafters
-from deploy.engine import SpeculativeEngine
-from deploy.sampling import SamplingParams
-from tests.conftest import CHAT_PROMPTS
+from tests.conftest import CHAT_PROMPTS, chat_text, plain_text
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model]
 
@@ -85,20 +80,14 @@ def loopback_config(loopback_sshd, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(target):
-    engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
-    return engine.generate(messages=CHAT_PROMPTS[1], sampling=SamplingParams(max_tokens=MAX_TOKENS)).text
+    return plain_text(target, CHAT_PROMPTS[1], MAX_TOKENS)
 
 
 def test_ray_up_serve_deploy_answers_exactly_then_ray_down_leaves_nothing(loopback_config, plain):
-    from openai import OpenAI
-
     run(RAY, "exec", loopback_config,
         "serve deploy ~/specfleet/deploy/serve_config.yaml")
     wait_until_serving()
-    client = OpenAI(base_url=f"{URL}/v1", api_key="unused", max_retries=0, timeout=300)
-    reply = client.chat.completions.create(model="smollm2-135m", messages=CHAT_PROMPTS[1],
-                                           max_tokens=MAX_TOKENS, temperature=0)
-    assert reply.choices[0].message.content == plain
+    assert chat_text(URL, CHAT_PROMPTS[1], MAX_TOKENS) == plain
 
     run(RAY, "exec", loopback_config, "specfleet drafters add ngram-2 --kind ngram")
     assert "ngram-2" in run(RAY, "exec", loopback_config, "specfleet drafters list")
