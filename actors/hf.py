@@ -40,6 +40,8 @@ def sparse_top(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Ten
 
 
 class HFModelProposer:
+    model_free = False
+
     def __init__(self, model: torch.nn.Module, name: str = "hf", target_vocab_size: int | None = None, q_top_n: int = 64) -> None:
         vocab = int(model.get_output_embeddings().weight.shape[0])
         if target_vocab_size is not None and vocab != target_vocab_size:

@@ -18,6 +18,7 @@ class HierarchyProposer:
     def __init__(self, sources: Sequence[Proposer], name: str = "hierarchy") -> None:
         self.name = name
         self.sources = list(sources)
+        self.model_free = all(getattr(source, "model_free", False) for source in self.sources)
         self.sessions = SessionStore()
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:

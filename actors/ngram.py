@@ -33,6 +33,8 @@ def lookup_continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:
 
 
 class NgramProposer:
+    model_free = True  # cheap enough to ask every round for counterfactual feedback
+
     def __init__(self, name: str = "ngram", min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise InvalidRequestError("ngram.min_n", f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")

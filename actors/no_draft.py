@@ -13,6 +13,8 @@ NO_DRAFT = "none"
 
 
 class NoDraftProposer:
+    model_free = False  # drafts nothing: nothing to score
+
     def __init__(self, name: str = NO_DRAFT) -> None:
         self.name = name
 

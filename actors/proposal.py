@@ -10,7 +10,9 @@ A Proposer keeps one session per request. Each `propose` call carries `context_d
 committed tokens (prompt, then accepted output) the drafter has not seen yet for that session;
 its own earlier draft tokens are never committed unless the target accepted them, in which case
 they arrive again in a later delta. `release` ends the session with the last unseen tokens, so
-drafters that learn from finished requests (suffix cache) see the whole sequence.
+drafters that learn from finished requests (suffix cache) see the whole sequence. `model_free`
+marks a drafter that drafts without a model (n-gram, suffix): cheap enough for the coordinator to
+ask every round and score counterfactually (policy/coordinator.py).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class Proposal:
 @runtime_checkable
 class Proposer(Protocol):
     name: str
+    model_free: bool
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         """Draft at most k tokens continuing the session's committed context."""

@@ -47,6 +47,9 @@ class DrafterActor:
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.proposer.release(session, context_delta)
 
+    def model_free(self) -> bool:
+        return getattr(self.proposer, "model_free", False) is True
+
     def placement(self) -> dict:
         from cluster.placement import here
 

@@ -86,6 +86,8 @@ class SuffixTrie:
 
 
 class SuffixProposer:
+    model_free = True
+
     def __init__(
         self,
         name: str = "suffix",

@@ -81,7 +81,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=args.drafters, draft_model=draft_model, progress=not args.no_progress,
-                       concurrency=args.concurrency, trace_prompt=args.trace_prompt)
+                       concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile)
     table = render_table(report)
     if args.out:
         from deploy.bench.charts import drafter_chart, speedup_chart
@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    bench.add_argument("--cost-profile", default=None,
+                       help="also re-time in-process runs with a device's verification cost profile "
+                            "(python -m deploy.bench.verify_cost --out FILE; shipped: deploy/bench/results/h200.verify_cost.json)")
     bench.add_argument("--concurrency", default="1",
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,

@@ -1,12 +1,16 @@
 """The speculative engine: one request's draft -> verify -> accept loop on the target.
 
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
-go in, a proposal of up to k tokens comes out: the coordinator's bandit chose the drafter); one
-target forward over [last token, draft] gives p for every draft position plus the bonus
-position; `verify` accepts losslessly; the target's KV cache is cropped to the accepted path;
-the round's reward (computed here, where the timings are) rides on the next call. The no-draft
-arm, an empty proposal or a one-token budget make the round a plain target step. Greedy output
-equals plain decoding token for token; sampled output follows the target's distribution.
+go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
+one target forward verifies them. One draft: the forward runs over [last token, draft], gives p
+for every draft position plus the bonus position, `verify` accepts losslessly and the KV cache is
+cropped to the accepted path. Several distinct drafts: they are merged into a token tree
+(deploy/draft_tree.py), one forward with a tree attention mask scores every node,
+`verify_tree` accepts losslessly, and the cache keeps the accepted branch only. Each drafter's
+reward (computed here, where the timings are) rides on the next call; shadow drafts (`-cf`) are
+scored against the output without being verified. The no-draft arm, empty proposals or a
+one-token budget make the round a plain target step. Greedy output equals plain decoding token
+for token; sampled output follows the target's distribution.
 """
 from __future__ import annotations
 
@@ -19,23 +23,26 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from actors.kv_cache import common_prefix_length
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposer
+from actors.proposal import Proposal, Proposer
+from deploy.draft_tree import ROOT, DraftTree
 from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams
+from deploy.sampling import SamplingParams, warp_probs
 from deploy.target import TargetModel
-from deploy.verify import verify
-from policy.coordinator import Coordinator, Feedback
+from deploy.tree_verify import per_draft_outcome, verify_tree
+from deploy.verify import draft_overlaps, verify
+from policy.coordinator import Coordinator, DraftRound, Feedback, RoundFeedback
 from policy.registry import DEFAULT_POLICY
-from policy.reward import BD, COST, round_reward
+from policy.reward import BD, cost_reward, round_reward
 
 MAX_K = 32
 
 
 @dataclass(frozen=True)
 class RoundTrace:
-    drafter: str
-    drafted: int
+    drafter: str  # several drafters of one round joined by '+'
+    drafted: int  # positions verified (a tree's distinct nodes)
     accepted: int
     emitted: int
     reward: float
@@ -113,7 +120,7 @@ class SpeculativeEngine:
         self.padded_size = list(range(self.max_positions + 1))
         if max_padding and not only_plain:
             self.padded_size = [target.padded_length(n, self.max_positions) for n in self.padded_size]
-        self.plain_step_s = target.plain_step_s() if self.reward_kind == COST else 0.0
+        self.plain_step_s = 0.0 if only_plain else target.plain_step_s()
 
     def generate(
         self,
@@ -139,36 +146,34 @@ class SpeculativeEngine:
             self.target.forward(cache, tokens[:-1], logits_for=0)  # prefill: only the K/V cache is needed
         output: list[int] = []
         rounds: list[RoundTrace] = []
-        feedback: Feedback | None = None
+        feedback: RoundFeedback | None = None
         finish: str | None = None
         try:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
                 start = time.perf_counter()
-                proposal = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
+                draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
-                draft, q = proposal.token_ids, proposal.q  # the coordinator caps both at budget
                 start = time.perf_counter()
-                positions = [tokens[-1], *draft]
-                if draft:  # extra positions only change speed; their K/V is cropped
-                    positions += [draft[-1]] * (self.padded_size[len(positions)] - len(positions))
-                logits = self.target.forward(cache, positions, logits_for=len(draft) + 1)  # [d+1, V]
-                result = verify(draft, q, logits, sampling, generator, with_overlaps=self.reward_kind == BD)
-                self.target.crop(cache, len(tokens) + result.accepted)
+                emitted_ids, drafted, scores, branch = self._verify(cache, tokens, draft_round, sampling, generator)
                 verify_s = time.perf_counter() - start
-                if not draft and self.plain_step_s:
+                if not drafted and self.plain_step_s:
                     self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s  # track the plain step's cost
-                reward = round_reward(
-                    self.reward_kind, accepted=result.accepted, drafted=len(draft), overlaps=result.overlaps,
-                    draft_s=draft_s, verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
-                )
-                feedback = Feedback(proposal.drafter, len(draft), result.accepted, reward) if budget > 0 else None
+                accepted = len(emitted_ids) - 1
+                feedback = None
+                if draft_round.proposals:
+                    drafts = [self._feedback(p, *scores[i], draft_s, verify_s) for i, p in enumerate(draft_round.proposals)]
+                    drafts += [self._counterfactual(p, emitted_ids, branch, sampling, verify_s)
+                               for p in draft_round.shadows]
+                    round_reward_ = cost_reward(accepted, draft_s, verify_s, self.plain_step_s, self.k)
+                    feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_)
                 before = len(output)
-                emitted, finish = self._emit(output, result.token_ids, sampling)
-                tokens.extend(result.token_ids)
-                rounds.append(RoundTrace(proposal.drafter, len(draft), result.accepted, emitted, reward, draft_s, verify_s,
-                                          proposal.draft_s))
+                emitted, finish = self._emit(output, emitted_ids, sampling)
+                tokens.extend(emitted_ids)
+                reward = max((f.reward for f in feedback.drafts if not f.counterfactual), default=0.0) if feedback else 0.0
+                rounds.append(RoundTrace(draft_round.label, drafted, accepted, emitted, reward, draft_s, verify_s,
+                                         max((p.draft_s for p in draft_round.proposals), default=0.0)))
                 if on_tokens is not None and emitted:
                     on_tokens(output[before:])
         finally:
@@ -181,6 +186,75 @@ class SpeculativeEngine:
             while output and any(stop in self.target.decode(output[:-1]) for stop in sampling.stop):
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
+
+    def _verify(
+        self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator
+    ) -> tuple[tuple[int, ...], int, list[tuple[int, tuple[float, ...]]], tuple[torch.Tensor, list[int]]]:
+        """Verify the round's drafts in one target forward and keep the cache on the accepted path.
+
+        -> (emitted tokens, positions verified, per proposal (its accepted tokens, its BD overlaps),
+        (the forward's logits, the rows of the accepted branch) for counterfactual scoring).
+        """
+        with_overlaps = self.reward_kind == BD
+        distinct = list({p.token_ids: p for p in reversed(draft_round.proposals) if p.token_ids}.values())[::-1]
+        if len(distinct) <= 1:
+            draft, q = (distinct[0].token_ids, distinct[0].q) if distinct else ((), None)
+            positions = [tokens[-1], *draft]
+            if draft:  # extra positions only change speed; their K/V is cropped
+                positions += [draft[-1]] * (self.padded_size[len(positions)] - len(positions))
+            logits = self.target.forward(cache, positions, logits_for=len(draft) + 1)  # [d+1, V]
+            result = verify(draft, q, logits, sampling, generator, with_overlaps=with_overlaps)
+            self.target.crop(cache, len(tokens) + result.accepted)
+            p = warp_probs(logits[: len(draft)], sampling) if with_overlaps and len(draft_round.proposals) > 1 else None
+            scores = [
+                (0, ()) if not proposal.token_ids
+                else (result.accepted, result.overlaps if proposal.q is q or p is None else draft_overlaps(draft, proposal.q, p))
+                for proposal in draft_round.proposals
+            ]
+            return result.token_ids, len(draft), scores, (logits, list(range(result.accepted + 1)))
+        drafts = [p.token_ids for p in distinct]
+        tree = DraftTree.build(drafts)
+        positions = [tokens[-1], *tree.tokens]
+        parents = [-1] + [0 if parent == ROOT else 1 + parent for parent in tree.parents]
+        if len(positions) < len(self.padded_size):  # padding attends to the prefix only; cropped below
+            padding = self.padded_size[len(positions)] - len(positions)
+            positions, parents = positions + [tree.tokens[-1]] * padding, parents + [-1] * padding
+        logits = self.target.forward(cache, positions, logits_for=1 + tree.size, parents=parents)  # [1+n, V]
+        result = verify_tree(tree, [p.q for p in distinct], drafts, logits, sampling, generator)
+        self.target.keep(cache, len(tokens), [len(tokens) + node for node in result.nodes])
+        p = warp_probs(logits, sampling) if with_overlaps else None  # [1+n, V]
+        index = {proposal.token_ids: i for i, proposal in enumerate(distinct)}
+        scores = [
+            per_draft_outcome(tree, index[proposal.token_ids], proposal.token_ids, proposal.q, p, result)
+            if proposal.token_ids else (0, ())
+            for proposal in draft_round.proposals
+        ]
+        return result.token_ids, tree.size, scores, (logits, [0] + [1 + node for node in result.nodes])
+
+    def _feedback(self, proposal: Proposal, accepted: int, overlaps: Sequence[float], draft_s: float, verify_s: float,
+                  counterfactual: bool = False) -> Feedback:
+        reward = round_reward(
+            self.reward_kind, accepted=accepted, drafted=len(proposal.token_ids), overlaps=overlaps,
+            draft_s=draft_s, verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
+        )
+        return Feedback(proposal.drafter, len(proposal.token_ids), accepted, reward, counterfactual)
+
+    def _counterfactual(
+        self, shadow: Proposal, emitted: Sequence[int], branch: tuple[torch.Tensor, list[int]], sampling: SamplingParams,
+        verify_s: float,
+    ) -> Feedback:
+        """Score a draft the target did not verify: its tokens count as accepted as far as they
+        match the output; BD terms are known where its context is the accepted branch (the first
+        mismatch included) and counted 0 beyond (a lower bound)."""
+        draft, (logits, rows) = shadow.token_ids, branch
+        accepted = common_prefix_length(draft, emitted)
+        overlaps: tuple[float, ...] = ()
+        if self.reward_kind == BD and draft:
+            known = min(accepted + 1, len(rows), len(draft))
+            p = warp_probs(logits[rows[:known]], sampling)  # [known, V]
+            q = shadow.q[:known] if shadow.q is not None else None
+            overlaps = draft_overlaps(draft[:known], q, p) + (0.0,) * (len(draft) - known)
+        return self._feedback(shadow, accepted, overlaps, shadow.draft_s, verify_s, counterfactual=True)
 
     def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:
         """Append a round's tokens to the output, honouring EOS, max_tokens and stop strings."""

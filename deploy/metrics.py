@@ -2,6 +2,8 @@
 
 `ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request; `render()` returns the
 Prometheus text exposition. Each replica has its own registry; nothing secret is ever a label.
+A multi-draft round's `drafter` label joins its drafters with '+' (its drafted tokens are a tree's
+nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ class ServiceMetrics:
 
     def observe(self, result: GenerationResult, ttft_s: float | None, e2e_s: float) -> None:
         for r in result.rounds:
-            self.pulls.labels(r.drafter).inc()
+            for arm in r.drafter.split("+"):  # a multi-draft round pulls each of its arms
+                self.pulls.labels(arm).inc()
             self.draft_s.labels(r.drafter).observe(r.draft_s)
             self.verify_s.observe(r.verify_s)
             self.overhead_s.observe(max(r.draft_s - r.drafter_s, 0.0))

@@ -2,7 +2,10 @@
 
 `forward(cache, token_ids)` appends positions to a per-request DynamicCache and returns the logits
 of every new position ([n, V], float32 on CPU); `crop` (actors/kv_cache.py) rolls rejected
-positions back. Input problems raise InvalidRequestError naming the field.
+positions back. `forward(..., parents=)` runs a token tree instead of a chain (several drafts in
+one pass; deploy/draft_tree.py): each new position attends to the prefix, its ancestors and
+itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
+Input problems raise InvalidRequestError naming the field.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 
 from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
+from deploy.draft_tree import attention_allowed, depths_of
 from deploy.errors import InvalidRequestError
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -96,19 +100,39 @@ class TargetModel:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, cache: object, token_ids: Sequence[int], logits_for: int | None = None) -> torch.Tensor:
+    def forward(
+        self, cache: object, token_ids: Sequence[int], logits_for: int | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Append token_ids to the cache. -> logits [n, V] of each new position, or of the first
         `logits_for` only (the vocabulary projection is skipped for the rest: a prefill needs none,
-        a padded verification needs the draft's)."""
+        a padded verification needs the draft's). `parents` (per new position, its parent's index
+        among them, -1 = follows the cached prefix) makes the new positions a tree, not a chain."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         extra = {}
         if logits_for is not None and logits_for < len(token_ids) and self._slices_logits:
             extra["logits_to_keep"] = torch.arange(max(logits_for, 1), device=self.device)
+        if parents is not None:
+            prefix = cache.get_seq_length()
+            allowed = attention_allowed(parents, prefix).to(self.device)  # [n, prefix + n]
+            mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
+            extra["attention_mask"] = mask.masked_fill(~allowed, torch.finfo(mask.dtype).min)[None, None]
+            extra["position_ids"] = torch.tensor([[prefix + d for d in depths_of(parents)]], device=self.device)
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra).logits[0]
         return logits[: len(token_ids) if logits_for is None else logits_for].float().cpu()
 
     def crop(self, cache: object, length: int) -> None:
         crop_cache(cache, length)
+
+    @torch.inference_mode()
+    def keep(self, cache: object, start: int, positions: Sequence[int]) -> None:
+        """Keep cache positions [0, start) plus `positions` (absolute, ascending, each >= start)
+        moved to start, start + 1, ...; drop the rest (a tree's accepted branch)."""
+        if list(positions) != list(range(start, start + len(positions))):
+            source = torch.tensor(list(positions), device=self.device)
+            for layer in cache.layers:
+                layer.keys[:, :, start : start + len(positions)] = layer.keys.index_select(2, source)
+                layer.values[:, :, start : start + len(positions)] = layer.values.index_select(2, source)
+        crop_cache(cache, start + len(positions))
 
     def forward_profile(self, max_positions: int, context: int = 128, repeats: int = 4) -> list[float]:
         """Median seconds of a forward over 1..max_positions new positions (index 0 = 1 position).

@@ -98,10 +98,19 @@ def verify(
         p = warp_probs(target_logits, sampling)  # [d+1, V]
         q_dense = dense_q(q, draft, vocab)  # [d, V]
         accepted, emitted = speculative_accept(draft, p, q_dense, generator)
-    if not with_overlaps or d == 0:
-        overlaps: tuple[float, ...] = ()
-    elif q is None:  # point mass: Σ_v min(p, one_hot(x)) = p(x)
-        overlaps = tuple(p[torch.arange(d), torch.tensor(draft, dtype=torch.long)].tolist())
-    else:
-        overlaps = tuple(torch.minimum(p[:d], q_dense).sum(dim=-1).tolist())
+    overlaps = draft_overlaps(draft, q, p[:d], q_dense) if with_overlaps else ()
     return Verification(accepted=accepted, token_ids=tuple(emitted), num_drafted=d, overlaps=overlaps)
+
+
+def draft_overlaps(
+    draft: Sequence[int], q: Sequence[SparseDist] | None, p: torch.Tensor, q_dense: torch.Tensor | None = None
+) -> tuple[float, ...]:
+    """Σ_v min(p_j(v), q_j(v)) per drafted position. p: [d, V] the target's (warped) probabilities
+    at the drafted positions; q_dense: [d, V] when already built. A point mass scores p_j(x_j)."""
+    d = len(draft)
+    if d == 0:
+        return ()
+    if q is None:
+        return tuple(p[torch.arange(d), torch.tensor(draft, dtype=torch.long)].tolist())
+    q_dense = dense_q(q, draft, p.shape[-1]) if q_dense is None else q_dense
+    return tuple(torch.minimum(p[:d], q_dense).sum(dim=-1).tolist())

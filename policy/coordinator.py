@@ -3,14 +3,20 @@ dispatches drafting to it, and learns from the target's verification feedback.
 
 One call per speculation round from the target:
 
-    propose(request_id, new_tokens, feedback, k, sampling) -> Proposal
+    propose(request_id, new_tokens, feedback, k, sampling) -> DraftRound
 
 `new_tokens` are the tokens the target committed since its previous call (the prompt on the
-first call); `feedback` describes the previous round (feedback for round t rides on the call of
-round t+1). The coordinator keeps per request the committed context, the request's bandit
-(cold, or warm-started from global statistics with `-warm`) and how much of the context
-each drafter has seen, so a drafter receives only its unseen tokens (catch-up after rounds it sat
-out). `finish` learns the last round and releases every drafter's session.
+first call); `feedback` (a RoundFeedback: one Feedback per drafter that drafted) describes the
+previous round (feedback for round t rides on the call of round t+1). The coordinator keeps per
+request the committed context, the request's bandit (cold, or warm-started from global
+statistics with `-warm`) and how much of the context each drafter has seen, so a drafter
+receives only its unseen tokens (catch-up after rounds it sat out). `finish` learns the last
+round and releases every drafter's session.
+
+A round drafts with the policy's top `width` arms (`-m<N>`, `-mall`; `-mauto` picks the width
+with a UCB over widths on the round's cost reward, shared across requests); the target verifies
+their drafts together. With `-cf`, the model-free drafters not chosen draft too (`shadows`:
+never verified; the target scores them against the output, counterfactual feedback).
 
 `add_drafter` grows the pool live: the new arm joins new requests and the ones in flight;
 `remove_drafter` shrinks it: no round picks the arm again, requests in flight carry on with the
@@ -35,7 +41,8 @@ from actors.proposal import Proposal, Proposer
 from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
-from policy.registry import DEFAULT_POLICY, parse_policy
+from policy.registry import AUTO_MAX_WIDTH, DEFAULT_POLICY, parse_policy
+from policy.ucb import UCB
 
 COORDINATOR_NAME = "specfleet:coordinator"
 DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft
@@ -43,12 +50,44 @@ DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its 
 
 @dataclass(frozen=True)
 class Feedback:
-    """The target's verdict on one round, reward already computed with `Coordinator.reward_kind`."""
+    """The target's verdict on one drafter's draft, reward already computed with
+    `Coordinator.reward_kind`. Counterfactual: scored against the output, never verified."""
 
     drafter: str
     drafted: int
     accepted: int
     reward: float
+    counterfactual: bool = False
+
+
+@dataclass(frozen=True)
+class RoundFeedback:
+    drafts: tuple[Feedback, ...]
+    width: int = 1  # drafters asked this round
+    round_reward: float = 0.0  # the round's cost reward (what -mauto learns the width from)
+
+
+@dataclass(frozen=True)
+class DraftRound:
+    proposals: tuple[Proposal, ...] = ()  # to verify; drafts may be empty
+    shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
+    width: int = 1
+
+    @property
+    def label(self) -> str:
+        """The round's name in traces and metrics: its drafters, sorted, joined by '+'."""
+        return "+".join(sorted(p.drafter for p in self.proposals)) or NO_DRAFT
+
+
+PLAIN_ROUND = DraftRound()
+
+
+@dataclass(frozen=True)
+class Selection:
+    arms: tuple[str, ...]  # draft and verify, best first
+    shadows: tuple[str, ...]  # draft for counterfactual feedback only
+    deltas: dict[str, list[int]]  # per drafter asked, the committed tokens it has not seen
+    width: int
 
 
 @dataclass
@@ -64,6 +103,7 @@ class DrafterStats:
     drafted: int = 0
     accepted: int = 0
     reward_sum: float = 0.0
+    counterfactual: int = 0  # rounds scored against the output without being verified
 
 
 class Coordinator:
@@ -74,6 +114,8 @@ class Coordinator:
         self.drafter_stats: dict[str, DrafterStats] = {name: DrafterStats() for name in self.drafters}
         self.requests: dict[str, _Request] = {}
         self._rng = np.random.default_rng(seed)
+        self.model_free = {name for name, d in self.drafters.items() if getattr(d, "model_free", False) is True}
+        self.width_bandit = UCB([str(w) for w in range(1, AUTO_MAX_WIDTH + 1)], np.random.default_rng(seed + 1))
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -85,12 +127,11 @@ class Coordinator:
         return self.spec.name
 
     def select(
-        self, request_id: str, new_tokens: Sequence[int], feedback: Feedback | None, k: int
-    ) -> tuple[str, list[int]] | None:
-        """Record the committed tokens and the feedback, pick this round's drafter.
+        self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int
+    ) -> Selection | None:
+        """Record the committed tokens and the feedback, pick this round's drafters.
 
-        -> (drafter, the committed tokens it has not seen yet), or None when k <= 0 (no room to
-        draft: a plain step that nobody learns from).
+        -> the selection, or None when k <= 0 (no room to draft: a plain step that nobody learns from).
         """
         with self._lock:
             request = self.requests.get(request_id)
@@ -104,10 +145,16 @@ class Coordinator:
                 self._learn(request, feedback)
             if k <= 0:
                 return None
-            arm = request.bandit.select(1)[0]
-            delta = request.tokens[request.sent.get(arm, 0) :]
-            request.sent[arm] = len(request.tokens)
-            return arm, delta
+            width = int(self.width_bandit.select(1)[0]) if self.spec.auto_width else self.spec.width
+            arms = tuple(request.bandit.select(width or len(request.bandit.stats)))
+            shadows = ()
+            if self.spec.counterfactual:
+                shadows = tuple(a for a in request.bandit.stats if a in self.model_free and a not in arms)
+            deltas = {}
+            for arm in arms + shadows:
+                deltas[arm] = request.tokens[request.sent.get(arm, 0) :]
+                request.sent[arm] = len(request.tokens)
+            return Selection(arms, shadows, deltas, len(arms))
 
     @staticmethod
     def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
@@ -119,17 +166,20 @@ class Coordinator:
         self,
         request_id: str,
         new_tokens: Sequence[int],
-        feedback: Feedback | None,
+        feedback: RoundFeedback | None,
         k: int,
         sampling: SamplingParams,
-    ) -> Proposal:
-        choice = self.select(request_id, new_tokens, feedback, k)
-        if choice is None:
-            return Proposal(drafter=NO_DRAFT)
-        arm, delta = choice
-        return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
+    ) -> DraftRound:
+        """Drafting in this process runs the chosen drafters one after the other (the Ray actor
+        body runs them in parallel)."""
+        chosen = self.select(request_id, new_tokens, feedback, k)
+        if chosen is None:
+            return PLAIN_ROUND
+        drafts = {arm: self.as_round(arm, self.drafters[arm].propose(request_id, chosen.deltas[arm], k, sampling), k)
+                  for arm in chosen.arms + chosen.shadows}
+        return DraftRound(tuple(drafts[a] for a in chosen.arms), tuple(drafts[a] for a in chosen.shadows), chosen.width)
 
-    def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: Feedback | None = None) -> dict[str, list[int]]:
+    def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> dict[str, list[int]]:
         """Learn the last round and forget the request. -> per drafter, the tokens it has not seen."""
         with self._lock:
             request = self.requests.pop(request_id, None)
@@ -140,7 +190,7 @@ class Coordinator:
                 self._learn(request, feedback)
         return {name: request.tokens[request.sent.get(name, 0) :] for name in self.drafters}
 
-    def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: Feedback | None = None) -> None:
+    def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> None:
         for name, delta in self.close(request_id, new_tokens, feedback).items():
             self.drafters[name].release(request_id, delta)
 
@@ -153,6 +203,8 @@ class Coordinator:
             spec = parse_policy(self.spec.name, [*self.drafters, name])
             self.drafters[name] = drafter
             self.spec = spec
+            if getattr(drafter, "model_free", False) is True:  # a Ray actor handle says so when asked (below)
+                self.model_free.add(name)
             self.drafter_stats.setdefault(name, DrafterStats())  # a drafter rejoining keeps its statistics
             if name in spec.arms:
                 self.global_stats.setdefault(name, ArmStats())
@@ -169,6 +221,7 @@ class Coordinator:
             spec = parse_policy(self.spec.name, [d for d in self.drafters if d != name])
             drafter = self.drafters.pop(name)
             self.spec = spec
+            self.model_free.discard(name)
             if not keep_stats:
                 self.drafter_stats.pop(name, None)
                 self.global_stats.pop(name, None)
@@ -178,16 +231,21 @@ class Coordinator:
                     request.bandit.remove_arm(name)
             return drafter
 
-    def _learn(self, request: _Request, feedback: Feedback) -> None:
-        request.bandit.update(feedback.drafter, feedback.reward)
-        if feedback.drafter in self.global_stats:
-            self.global_stats[feedback.drafter].add(feedback.reward)
-        stats = self.drafter_stats.get(feedback.drafter)
-        if stats is not None:
-            stats.pulls += 1
-            stats.drafted += feedback.drafted
-            stats.accepted += feedback.accepted
-            stats.reward_sum += feedback.reward
+    def _learn(self, request: _Request, feedback: RoundFeedback) -> None:
+        if self.spec.auto_width and 1 <= feedback.width <= AUTO_MAX_WIDTH:
+            self.width_bandit.update(str(feedback.width), feedback.round_reward)
+        for draft in feedback.drafts:
+            request.bandit.update(draft.drafter, draft.reward)
+            if draft.drafter in self.global_stats:
+                self.global_stats[draft.drafter].add(draft.reward)
+            stats = self.drafter_stats.get(draft.drafter)
+            if stats is not None and draft.counterfactual:
+                stats.counterfactual += 1
+            elif stats is not None:  # pulls, drafted, accepted: what the target verified only
+                stats.pulls += 1
+                stats.drafted += draft.drafted
+                stats.accepted += draft.accepted
+                stats.reward_sum += draft.reward
 
     def stats(self) -> dict:
         """Pulls, mean reward and acceptance per drafter, plus the number of open requests."""
@@ -203,6 +261,7 @@ class Coordinator:
                         "accepted": s.accepted,
                         "acceptance": s.accepted / s.drafted if s.drafted else None,
                         "mean_reward": s.reward_sum / s.pulls if s.pulls else None,
+                        "counterfactual": s.counterfactual,
                     }
                     for name, s in self.drafter_stats.items()
                 },
@@ -229,15 +288,30 @@ class CoordinatorActor:
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
         self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
+        self.kinds_known: set[str] = set()  # drafters asked whether they are model-free
+        self._kinds: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
 
-    async def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
+    async def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
+        """The chosen drafters (and shadows) draft in parallel, each within the round's deadline."""
+        if self.core.spec.counterfactual and (self._kinds is None or self._kinds.done()):
+            if any(name not in self.kinds_known for name in self.core.drafters):
+                self._kinds = asyncio.get_running_loop().create_task(self._learn_model_free())
+        chosen = self.core.select(request_id, new_tokens, feedback, k)
+        if chosen is None:
+            return PLAIN_ROUND
+        asked = chosen.arms + chosen.shadows
+        drafts = await asyncio.gather(*(self._draft(arm, request_id, chosen.deltas[arm], k, sampling, arm in chosen.arms)
+                                         for arm in asked))
+        by_arm = dict(zip(asked, drafts))
+        shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a].token_ids)
+        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, chosen.width)
+
+    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal:
+        """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a
+        chosen drafter is then marked down; a shadow's failure only loses its feedback)."""
         from ray.exceptions import RayError
 
-        choice = self.core.select(request_id, new_tokens, feedback, k)
-        if choice is None:
-            return Proposal(drafter=NO_DRAFT)
-        arm, delta = choice
         if arm in self.down:  # still the only arm the policy has: plain steps until it is back
             return Proposal(drafter=arm)
         handle = self.core.drafters[arm]
@@ -246,11 +320,34 @@ class CoordinatorActor:
             call = handle.propose.remote(request_id, delta, k, sampling)
             proposal = await asyncio.wait_for(call, self.draft_timeout_s)
         except (asyncio.TimeoutError, RayError) as err:
-            self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
-            return Proposal(drafter=arm)  # this round without a draft
+            if chosen:
+                self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
+            return Proposal(drafter=arm)  # this round without its draft
         finally:
             self.drafting[arm] -= 1
         return Coordinator.as_round(arm, proposal, k)
+
+    async def _learn_model_free(self) -> None:
+        """In the background, ask each drafter not asked yet whether it is model-free (kinds never
+        change); until it answers, it drafts only when chosen."""
+        unknown = [name for name in self.core.drafters if name not in self.kinds_known]
+        answers = await asyncio.gather(*(self._ask_model_free(self.core.drafters[n]) for n in unknown))
+        for name, answer in zip(unknown, answers):
+            if answer:
+                self.core.model_free.add(name)
+            if answer is not None:
+                self.kinds_known.add(name)
+
+    async def _ask_model_free(self, handle) -> bool | None:
+        """True or False, or None when the actor does not answer in time."""
+        try:
+            method = handle.model_free
+        except AttributeError:  # an actor that is not a DrafterActor: treat as a model drafter
+            return False
+        try:
+            return await asyncio.wait_for(method.remote(), self.draft_timeout_s) is True
+        except Exception:  # noqa: BLE001 - dead, restarting or hung: ask again later
+            return None
 
     def _mark_down(self, arm: str, handle, hung: bool) -> None:
         import ray
@@ -279,6 +376,7 @@ class CoordinatorActor:
                 del self.down[arm]
                 if removed and arm not in self.core.drafters:
                     self.core.add_drafter(arm, handle)
+                    self.kinds_known.discard(arm)
 
     async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         for name, delta in self.core.close(request_id, new_tokens, feedback).items():
@@ -289,6 +387,7 @@ class CoordinatorActor:
 
     async def add_drafter(self, name: str, handle) -> None:
         self.core.add_drafter(name, handle)
+        self.kinds_known.discard(name)
 
     async def remove_drafter(self, name: str, drain_s: float = 30.0):
         """Remove the arm, then wait (at most drain_s) for its rounds in flight. -> its handle."""
@@ -372,12 +471,12 @@ class RemoteCoordinator:
         self._registration: tuple[str, dict] | None = None
         self._reregister = False
 
-    def propose(self, request_id, new_tokens, feedback, k, sampling) -> Proposal:
+    def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
         import ray
         from ray.exceptions import RayError
 
         if request_id in self.degraded:
-            return Proposal(drafter=NO_DRAFT)
+            return PLAIN_ROUND
         try:
             proposal = ray.get(self.handle.propose.remote(request_id, list(new_tokens), feedback, k, sampling))
             if self._reregister and self._registration is not None:
@@ -388,7 +487,7 @@ class RemoteCoordinator:
             with self._lock:
                 self.degraded.add(request_id)
                 self._reregister = True  # a restarted coordinator has forgotten where this replica runs
-            return Proposal(drafter=NO_DRAFT)
+            return PLAIN_ROUND
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         import ray

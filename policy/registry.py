@@ -6,13 +6,24 @@
     exp3, thompson, sh, sw-ucb, random   (BD reward)
     fixed:<drafter>   always that drafter
 
-Each request's bandit starts empty, as in the paper; a `-warm` suffix warm-starts it from the
+Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto][-cf][-warm]
+
+    -m<N>, -mall  draft with the top N (or all) drafting arms by the policy's index each round,
+                  verified together as one token tree (the paper uses one; default -m1)
+    -mauto        choose N each round: a UCB over N = 1..AUTO_MAX_WIDTH on the round's cost reward
+                  (accepted tokens per second of drafting + verification, shared across requests)
+    -cf           counterfactual feedback: model-free drafters not chosen also draft each round
+                  (no target cost) and learn from how far their draft matches the output
+    -warm         warm-start each request's bandit from earlier requests' statistics
+
+Each request's bandit starts empty, as in the paper; `-warm` warm-starts it from the
 statistics of earlier requests instead. Measured on the shipped mix (README), cold was as fast or
 faster in all three side-by-side comparisons, so cold is the default. BD and BE cannot score the no-draft arm (it drafts nothing), so those
 policies choose among the drafting arms only; the cost reward includes it.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Callable
@@ -33,6 +44,9 @@ from policy.ucb import UCB
 
 DEFAULT_POLICY = "metasd-ucb-cost"
 PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: see README)
+AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
+ALL = 0  # width: every drafting arm
+_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto))?(?P<cf>-cf)?(?P<warm>-warm)?$")
 
 _POLICIES: dict[str, tuple[type[Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -57,6 +71,9 @@ class PolicySpec:
     arms: tuple[str, ...]
     warm_start: bool
     factory: Callable[..., Bandit]
+    width: int = 1  # drafters a round; ALL = every arm
+    auto_width: bool = False  # width chosen each round (up to AUTO_MAX_WIDTH)
+    counterfactual: bool = False
 
     def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator) -> Bandit:
         weight = PRIOR_WEIGHT if self.warm_start else 0.0
@@ -72,11 +89,19 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
         if arm not in drafters:
             raise InvalidRequestError("policy", f"fixed drafter {arm!r} is not in the pool {list(drafters)}")
         return PolicySpec(name, BD, (arm,), False, lambda arms, rng, prior, w: FixedArm(arms, rng, arm=arm))
-    base, warm = (name.removesuffix("-warm"), True) if name.endswith("-warm") else (name, False)
+    parts = _SUFFIXES.match(name)
+    base = parts["base"]
     if base not in _POLICIES:
-        raise InvalidRequestError("policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (optionally with -warm)")
+        raise InvalidRequestError(
+            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto, -cf, -warm)"
+        )
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
-    return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w))
+    width_name = parts["width"] or "1"
+    width = {"all": ALL, "auto": 1}[width_name] if width_name in ("all", "auto") else int(width_name)
+    return PolicySpec(
+        name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
+        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]),
+    )

@@ -86,3 +86,37 @@ def test_bad_concurrency_levels_are_rejected_naming_concurrency(levels):
 
 def test_concurrency_levels_are_sorted_and_deduplicated():
     assert parse_concurrency("8,1,4,4") == (1, 4, 8)
+
+
+def test_a_cost_profile_re_times_each_round_by_its_verified_positions(tmp_path):
+    import json
+
+    from deploy.bench.cost_profile import CostProfile
+
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.02, "chain": {"1": 1.0, "8": 1.1, "15": 1.2}}))
+    profile = CostProfile.load(path)
+    # prefill (one step) + a plain round + an 8-position round with 1 ms of drafting
+    assert profile.request_s([(1, 0.0), (8, 0.001)]) == pytest.approx(0.02 * (1 + 1.0 + 1.1) + 0.001)
+    assert profile.forward_s(40) == pytest.approx(0.02 * 1.2)  # beyond the profile: its largest measured size
+    path.write_text("{}")
+    with pytest.raises(InvalidRequestError, match="cost_profile"):
+        CostProfile.load(path)
+
+
+def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
+    def timed(seconds, profiled):
+        return [(p, Sample(AR_IDS[p.id], seconds, 2, {}, 0.0, 0.1, profiled_s=profiled)) for p in PROMPTS]
+
+    ar = run_row("ar", timed(1.0, 2.0), AR_IDS, None)
+    one = run_row("policy:metasd-ucb", timed(0.5, 1.0), AR_IDS, ar)
+    multi = run_row("policy:metasd-ucb-m2", timed(0.6, 0.8), AR_IDS, ar)
+    assert ar["profiled"]["speedup_vs_ar"] == 1.0 and one["profiled"]["speedup_vs_ar"] == 2.0
+    assert multi["profiled"]["per_task"] == {"code": 2.5, "translation": 2.5}
+    summary = summarize([ar, one, multi])
+    assert summary["multi_draft"] == {"best_multi": "policy:metasd-ucb-m2", "best_one_drafter": "policy:metasd-ucb",
+                                      "ratio": pytest.approx(0.5 / 0.6, abs=1e-3)}
+    assert summary["profiled_multi_draft"]["ratio"] == pytest.approx(1.0 / 0.8, abs=1e-3)
+    table = render_table({"runs": [ar, one, multi], "summary": summary,
+                          "params": {"prompts": 3, "cost_profile": {"device": "cuda"}}})
+    assert "profiled (cuda)" in table and "Multi-draft (profiled): policy:metasd-ucb-m2 is 1.250x" in table

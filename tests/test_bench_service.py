@@ -26,7 +26,7 @@ def test_a_concurrent_sweep_through_the_service_is_lossless_and_reports_throughp
     run.stop()  # attached: the shared service keeps serving
     assert [s.token_ids for s in samples] == [x.token_ids for _, x in ar]
     ar_ids = {p.id: x.token_ids for p, x in ar}
-    row = run_row("serve:metasd-ucb-cost@c3", list(zip(PROMPTS, samples)), ar_ids, run_row("ar", ar, ar_ids, None),
+    row = run_row("serve:metasd-ucb-cost-m2-cf@c3", list(zip(PROMPTS, samples)), ar_ids, run_row("ar", ar, ar_ids, None),
                   concurrency=3, wall_s=wall_s)
     assert row["lossless"] and row["concurrency"] == 3
     assert row["tokens_per_s"] == pytest.approx(row["tokens"] / wall_s, rel=1e-3)

@@ -6,16 +6,21 @@ import pytest
 
 from actors.proposal import Proposal
 from deploy.sampling import SamplingParams
-from policy.coordinator import Coordinator, Feedback
+from policy.coordinator import Coordinator, Feedback, RoundFeedback
 
 GREEDY = SamplingParams()
+
+
+def verdict(drafter: str, drafted: int, accepted: int, reward: float) -> RoundFeedback:
+    return RoundFeedback((Feedback(drafter, drafted, accepted, reward),))
 
 
 class RecordingProposer:
     """Keeps what it was sent; drafts the last token it saw, repeated."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, model_free: bool = False) -> None:
         self.name = name
+        self.model_free = model_free
         self.seen: dict[str, list[int]] = {}
         self.released: dict[str, list[int]] = {}
 
@@ -34,13 +39,13 @@ def test_each_drafter_catches_up_on_exactly_the_tokens_it_missed():
     committed, feedback, chosen = [1, 2, 3], None, set()
     new = list(committed)
     for step in range(12):
-        proposal = coordinator.propose("r", new, feedback, 2, GREEDY)
+        (proposal,) = coordinator.propose("r", new, feedback, 2, GREEDY).proposals
         chosen.add(proposal.drafter)
         drafter = {"a": a, "b": b}[proposal.drafter]
         assert drafter.seen["r"] == committed  # caught up, nothing more, nothing less
         new = [100 + step]
         committed = committed + new
-        feedback = Feedback(proposal.drafter, 2, 0, 0.5)
+        feedback = verdict(proposal.drafter, 2, 0, 0.5)
     assert chosen == {"a", "b"}
     coordinator.finish("r", new, feedback)  # the last round's tokens arrive with finish
     assert a.released["r"] == committed and b.released["r"] == committed
@@ -51,9 +56,10 @@ def test_feedback_updates_the_request_bandit_and_the_drafter_statistics():
     a = RecordingProposer("a")
     coordinator = Coordinator({"a": a}, policy="metasd-ucb")
     coordinator.propose("r", [1, 2], None, 3, GREEDY)
-    coordinator.propose("r", [5], Feedback("a", 3, 2, 0.8), 3, GREEDY)
+    coordinator.propose("r", [5], verdict("a", 3, 2, 0.8), 3, GREEDY)
     stats = coordinator.stats()["drafters"]["a"]
-    assert stats == {"pulls": 1, "drafted": 3, "accepted": 2, "acceptance": pytest.approx(2 / 3), "mean_reward": 0.8}
+    assert stats == {"pulls": 1, "drafted": 3, "accepted": 2, "acceptance": pytest.approx(2 / 3), "mean_reward": 0.8,
+                     "counterfactual": 0}
     assert coordinator.requests["r"].bandit.stats["a"].pulls == 1
     assert coordinator.global_stats["a"].mean == pytest.approx(0.8)
 
@@ -61,8 +67,8 @@ def test_feedback_updates_the_request_bandit_and_the_drafter_statistics():
 def test_no_room_to_draft_means_a_plain_step_without_asking_any_drafter():
     a = RecordingProposer("a")
     coordinator = Coordinator({"a": a}, policy="fixed:a")
-    proposal = coordinator.propose("r", [1, 2], None, 0, GREEDY)
-    assert proposal.token_ids == () and proposal.drafter == "none" and "r" not in a.seen
+    draft_round = coordinator.propose("r", [1, 2], None, 0, GREEDY)
+    assert draft_round.proposals == () and draft_round.label == "none" and "r" not in a.seen
 
 
 def test_finishing_an_unknown_request_is_harmless():
@@ -73,10 +79,10 @@ def test_a_drafter_added_live_is_explored_by_the_request_in_flight_after_catchin
     a, late = RecordingProposer("a"), RecordingProposer("late")
     coordinator = Coordinator({"a": a}, policy="metasd-ucb", seed=0)
     committed = [1, 2, 3]
-    proposal = coordinator.propose("r", committed, None, 2, GREEDY)
+    (proposal,) = coordinator.propose("r", committed, None, 2, GREEDY).proposals
     coordinator.add_drafter("late", late)
     # UCB tries an untried arm first: the next round of the same request goes to the new drafter
-    proposal = coordinator.propose("r", [7], Feedback(proposal.drafter, 2, 0, 0.1), 2, GREEDY)
+    (proposal,) = coordinator.propose("r", [7], verdict(proposal.drafter, 2, 0, 0.1), 2, GREEDY).proposals
     assert proposal.drafter == "late"
     assert late.seen["r"] == committed + [7]  # the whole context, caught up at once
     assert "late" in coordinator.stats()["drafters"] and "late" in coordinator.spec.arms
@@ -86,3 +92,60 @@ def test_adding_a_drafter_whose_name_is_taken_is_refused():
     coordinator = Coordinator({"a": RecordingProposer("a")}, policy="metasd-ucb")
     with pytest.raises(ValueError, match="already in the pool"):
         coordinator.add_drafter("a", RecordingProposer("a"))
+
+
+def test_a_multi_draft_policy_asks_its_top_m_distinct_drafters_each_round():
+    pool = {name: RecordingProposer(name) for name in "abc"}
+    for policy, width in (("metasd-ucb-m2", 2), ("metasd-ucb-mall", 3), ("metasd-ucb-m5", 3)):
+        coordinator = Coordinator(pool, policy=policy, seed=1)
+        feedback = None
+        for step in range(6):
+            draft_round = coordinator.propose(f"{policy}", [step], feedback, 2, GREEDY)
+            names = [p.drafter for p in draft_round.proposals]
+            assert len(names) == len(set(names)) == width == draft_round.width
+            feedback = RoundFeedback(tuple(Feedback(n, 2, 1, 0.5) for n in names), width)
+        coordinator.finish(policy)
+
+
+def test_every_drafter_of_a_round_learns_from_its_own_feedback():
+    pool = {name: RecordingProposer(name) for name in "ab"}
+    coordinator = Coordinator(pool, policy="metasd-ucb-m2")
+    coordinator.propose("r", [1, 2], None, 3, GREEDY)
+    both = RoundFeedback((Feedback("a", 3, 3, 0.9), Feedback("b", 3, 0, 0.1)), width=2)
+    coordinator.propose("r", [5], both, 3, GREEDY)
+    bandit = coordinator.requests["r"].bandit
+    assert bandit.stats["a"].mean == pytest.approx(0.9) and bandit.stats["b"].mean == pytest.approx(0.1)
+    assert coordinator.stats()["drafters"]["b"]["accepted"] == 0
+
+
+def test_counterfactual_drafts_come_from_unchosen_model_free_drafters_and_teach_only_the_bandit():
+    pool = {"model": RecordingProposer("model"), "free": RecordingProposer("free", model_free=True)}
+    ucb = Coordinator(pool, policy="metasd-ucb-cf", seed=0)
+    draft_round = ucb.propose("s", [1, 2, 3], None, 2, GREEDY)
+    (chosen,) = draft_round.proposals
+    if chosen.drafter == "free":  # a model-free drafter that is chosen drafts for real: no shadow
+        assert draft_round.shadows == ()
+        draft_round = ucb.propose("s", [4], RoundFeedback((Feedback("free", 2, 0, 0.0),)), 2, GREEDY)
+        (chosen,) = draft_round.proposals
+    (shadow,) = draft_round.shadows
+    assert (chosen.drafter, shadow.drafter) == ("model", "free")
+    assert shadow.token_ids == (ucb.requests["s"].tokens[-1],) * 2  # caught up like any drafter
+    ucb.propose("s", [4], RoundFeedback((Feedback(chosen.drafter, 2, 0, 0.2),
+                                         Feedback(shadow.drafter, 2, 1, 0.6, counterfactual=True))), 2, GREEDY)
+    bandit = ucb.requests["s"].bandit
+    assert bandit.stats[shadow.drafter].pulls == 1 and bandit.stats[shadow.drafter].mean == pytest.approx(0.6)
+    assert ucb.stats()["drafters"][shadow.drafter]["pulls"] == 0
+
+
+def test_auto_width_learns_the_width_whose_rounds_pay_best():
+    pool = {name: RecordingProposer(name) for name in "abcd"}
+    coordinator = Coordinator(pool, policy="metasd-ucb-mauto", seed=0)
+    widths, feedback = [], None
+    for step in range(300):
+        draft_round = coordinator.propose("r", [step], feedback, 2, GREEDY)
+        widths.append(draft_round.width)
+        payoff = {1: 0.3, 2: 0.8, 3: 0.5, 4: 0.2}[draft_round.width]  # two drafters a round pay best
+        feedback = RoundFeedback(tuple(Feedback(p.drafter, 2, 1, 0.5) for p in draft_round.proposals),
+                                 draft_round.width, payoff)
+    assert set(widths[:20]) == {1, 2, 3, 4}  # each width tried
+    assert widths[-100:].count(2) > 80

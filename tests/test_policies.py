@@ -111,3 +111,17 @@ def test_unknown_policies_raise_an_error_naming_the_policy_field(name):
     with pytest.raises(InvalidRequestError) as err:
         parse_policy(name, ["ngram", "none"])
     assert err.value.field == "policy"
+
+
+def test_policy_names_take_width_counterfactual_and_warm_suffixes_in_that_order():
+    from policy.registry import ALL
+
+    pool = ["ngram", "suffix", "none"]
+    spec = parse_policy("metasd-ucb-cost-m3-cf-warm", pool)
+    assert (spec.reward, spec.width, spec.auto_width, spec.counterfactual, spec.warm_start) == ("cost", 3, False, True, True)
+    assert parse_policy("metasd-ucb-mall", pool).width == ALL
+    assert parse_policy("thompson-mauto", pool).auto_width
+    assert parse_policy("sw-ucb", pool).width == 1 and not parse_policy("sw-ucb", pool).counterfactual
+    for bad in ("metasd-ucb-m0", "metasd-ucb-warm-m2", "metasd-ucb-mmany", "metasd-ucb-cf-m2"):
+        with pytest.raises(InvalidRequestError, match="policy"):
+            parse_policy(bad, pool)

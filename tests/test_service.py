@@ -139,6 +139,24 @@ def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, c
         assert ray.get(ray.get_actor(DRAFTER_PREFIX + name).open_sessions.remote()) == 0
 
 
+def test_the_service_verifies_two_drafters_a_round_and_scores_the_others_counterfactually(service, client):
+    """The shared service runs metasd-ucb-cost-m2-cf: the coordinator actor dispatches to two drafter
+    actors in parallel, the replica verifies both drafts in one tree forward, and the model-free
+    drafters not chosen draft for counterfactual feedback."""
+    import ray
+
+    from policy.coordinator import COORDINATOR_NAME
+
+    before = ray.get(ray.get_actor(COORDINATOR_NAME).stats.remote())["drafters"]
+    reply = client.completions.create(model=MODEL, prompt="Count: one two three, one two three, one two",
+                                      max_tokens=24, temperature=0)
+    per_drafter = reply.model_extra["metrics"]["speculative_decoding"]["per_drafter"]
+    assert all(name.count("+") == 1 for name in per_drafter if name != "none"), per_drafter  # none: no room left
+    assert any(counts["drafted"] for name, counts in per_drafter.items() if "+" in name), per_drafter
+    after = ray.get(ray.get_actor(COORDINATOR_NAME).stats.remote())["drafters"]
+    assert sum(after[n]["counterfactual"] - before[n]["counterfactual"] for n in after) > 0
+
+
 @pytest.mark.parametrize(
     "body, status, param",
     [

@@ -4,10 +4,14 @@ Every row has `tokens, seconds, tokens_per_s, speedup_vs_ar, lossless, mean_acce
 per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A row run at
 concurrency c > 1 (`serve:<policy>@c<c>`) adds `concurrency` and `wall_s`; its `tokens_per_s`
 is throughput (tokens over wall time), its per-task figures are per-request speeds.
-`lossless` compares every prompt's greedy token ids with `ar`.
+`lossless` compares every prompt's greedy token ids with `ar`. With a cost profile, in-process rows
+add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
+re-timed with another device's verification costs (deploy/bench/cost_profile.py). The summary
+compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +20,16 @@ from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 
 Samples = list[tuple[BenchPrompt, Sample]]
+MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto)(?![a-z0-9])")  # -m2, -mall, -mauto; not -m1
+
+
+def is_multi_draft(run: str) -> bool:
+    return run.startswith("policy:") and MULTI_DRAFT.search(run) is not None
+
+
+def _profiled_tps(samples: Samples) -> float:
+    seconds = sum(x.profiled_s for _, x in samples)
+    return sum(len(x.token_ids) for _, x in samples) / seconds if seconds else 0.0
 
 
 def _aggregate(samples: Samples, baseline_tps: float | None, seconds: float | None = None) -> dict:
@@ -61,6 +75,13 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     if rounds and not is_ar and coordinator_s + verify_s > 0:  # one round's draft call, and its share of the round
         row["draft_ms_per_round"] = round(1000 * coordinator_s / rounds, 3)
         row["draft_share_of_round"] = round(coordinator_s / (coordinator_s + verify_s), 4)
+    if samples and all(x.profiled_s is not None for _, x in samples) and (is_ar or "profiled" in ar_row):
+        tps = _profiled_tps(samples)
+        per_task = {task: _profiled_tps([s for s in samples if s[0].task == task]) for task in row["per_task"]}
+        base = {"": tps, **per_task} if is_ar else {"": ar_row["profiled"]["tokens_per_s"], **ar_row["profiled"]["per_task_tokens_per_s"]}
+        row["profiled"] = {"tokens_per_s": round(tps, 3), "speedup_vs_ar": round(tps / base[""], 3),
+                           "per_task_tokens_per_s": {t: round(v, 3) for t, v in per_task.items()},
+                           "per_task": {t: round(v / base[t], 3) for t, v in per_task.items()}}
     return row
 
 
@@ -101,6 +122,16 @@ def summarize(rows: Sequence[dict]) -> dict:
         if other is not None:
             out[f"{label}_name"] = other["name"]
             out[f"vs_{label}"] = round(policy["tokens_per_s"] / other["tokens_per_s"], 3)
+    policies = [r for r in rows if r["name"].startswith("policy:")]
+    multi = [r for r in policies if is_multi_draft(r["name"])]
+    one = [r for r in policies if not is_multi_draft(r["name"])]
+    if multi and one:
+        for key, speed in (("", lambda r: r["tokens_per_s"]), ("profiled_", lambda r: r.get("profiled", {}).get("tokens_per_s"))):
+            if speed(multi[0]) is None:
+                continue
+            best_multi, best_one = max(multi, key=speed), max(one, key=speed)
+            out[f"{key}multi_draft"] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
+                                        "ratio": round(speed(best_multi) / speed(best_one), 3)}
     return out
 
 
@@ -109,15 +140,19 @@ def render_table(report: dict) -> str:
     runs; the summary line."""
     runs = report["runs"]
     tasks = list(runs[0]["per_task"])
-    lines = ["| run | tok/s | speedup | lossless | tokens/forward | " + " | ".join(tasks) + " |",
-             "|" + "---|" * (5 + len(tasks))]
+    profiled = "profiled" in runs[0]
+    extra = [f"profiled ({report['params']['cost_profile']['device']})"] if profiled else []
+    lines = ["| run | tok/s | speedup | lossless | tokens/forward | " + " | ".join(extra + tasks) + " |",
+             "|" + "---|" * (5 + len(extra) + len(tasks))]
     for row in runs:
         if "concurrency" in row:
             continue
         mal = "" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
-        cells = " | ".join(f"{row['per_task'][t]['speedup_vs_ar']:.2f}x" for t in tasks)
+        cells = [f"{row['per_task'][t]['speedup_vs_ar']:.2f}x" for t in tasks]
+        if profiled:
+            cells.insert(0, f"{row['profiled']['speedup_vs_ar']:.2f}x" if "profiled" in row else "")
         lines.append(f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup_vs_ar']:.2f}x | "
-                     f"{'yes' if row['lossless'] else 'NO'} | {mal} | {cells} |")
+                     f"{'yes' if row['lossless'] else 'NO'} | {mal} | {' | '.join(cells)} |")
     service = [r for r in runs if r["name"].startswith("serve:")]
     if service:
         lines += ["", "| service run | concurrency | requests | tok/s (throughput) | vs ar | p50 latency s | p99 latency s | lossless |",
@@ -133,4 +168,8 @@ def render_table(report: dict) -> str:
                            for k in ("ar", "best_single", "oracle", "best_peer") if f"vs_{k}" in summary)
         lines += ["", f"Best policy {summary['best_policy']}: {ratios}; "
                       f"{'all runs lossless' if summary['all_lossless'] else 'NOT ALL RUNS LOSSLESS'}."]
+        for key, label in (("multi_draft", "measured"), ("profiled_multi_draft", "profiled")):
+            if key in summary:
+                m = summary[key]
+                lines.append(f"Multi-draft ({label}): {m['best_multi']} is {m['ratio']:.3f}x {m['best_one_drafter']}.")
     return "\n".join(lines)

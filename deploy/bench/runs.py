@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from actors.no_draft import NO_DRAFT
 from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
+from deploy.bench.cost_profile import CostProfile
 from deploy.bench.peers import HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
@@ -93,10 +94,12 @@ def run_bench(
     progress: bool = True,
     concurrency: str | Sequence[int] = (1,),
     trace_prompt: str | None = None,
+    cost_profile: str | None = None,
 ) -> dict:
     from tqdm import tqdm
 
     drafter_names = parse_drafter_names(drafters)
+    profile = CostProfile.load(cost_profile) if cost_profile else None
     run_names = expand_runs(runs, drafter_names, draft_model is not None)
     levels = parse_concurrency(concurrency)
     trace_id = trace_prompt or prompts[0].id
@@ -110,7 +113,7 @@ def run_bench(
         if run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
-            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model))
+            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model), profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     sweeps = [c for c in levels if c > 1] if serve_run else []
     service = None
@@ -148,7 +151,9 @@ def run_bench(
     return {
         "model": target.name,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
-                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1]},
+                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1],
+                   **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
+                                        "plain_step_s": profile.plain_step_s}} if profile else {})},
         "runs": rows,
         "summary": summarize(rows),
         "trace": {"prompt": trace_id, "task": traced.task,
@@ -157,11 +162,11 @@ def run_bench(
     }
 
 
-def _engine_generator(engine: SpeculativeEngine):
+def _engine_generator(engine: SpeculativeEngine, profile: CostProfile | None = None):
     def generate(item: BenchPrompt, max_tokens: int) -> Sample:
         start = time.perf_counter()
         result = engine.generate(prompt=item.prompt, messages=item.messages,
                                  sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
-        return Sample.from_result(result, time.perf_counter() - start)
+        return Sample.from_result(result, time.perf_counter() - start, profile)
 
     return generate

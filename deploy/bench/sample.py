@@ -2,12 +2,14 @@
 
 `seconds` is the request's latency as its caller saw it (in-process: the engine call; service:
 the HTTP round trip). `trace` lists (drafter, drafted, accepted) per round where the run can see
-its rounds (in-process engine runs); peers and service runs leave it empty.
+its rounds (in-process engine runs); peers and service runs leave it empty. `profiled_s` is the
+same request re-timed with a device's cost profile (deploy/bench/cost_profile.py), where given.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from deploy.bench.cost_profile import CostProfile
 from deploy.engine import GenerationResult
 
 
@@ -20,12 +22,14 @@ class Sample:
     coordinator_s: float  # the target's draft calls, round trip
     verify_s: float
     trace: tuple[tuple[str, int, int], ...] = field(default=())
+    profiled_s: float | None = None
 
     @classmethod
-    def from_result(cls, result: GenerationResult, seconds: float) -> "Sample":
+    def from_result(cls, result: GenerationResult, seconds: float, profile: CostProfile | None = None) -> "Sample":
         s = result.summary
         trace = tuple((r.drafter, r.drafted, r.accepted) for r in result.rounds)
-        return cls(result.token_ids, seconds, s["rounds"], s["per_drafter"], s["draft_s"], s["verify_s"], trace)
+        profiled = profile.request_s([(r.drafted + 1, r.draft_s) for r in result.rounds]) if profile else None
+        return cls(result.token_ids, seconds, s["rounds"], s["per_drafter"], s["draft_s"], s["verify_s"], trace, profiled)
 
     @classmethod
     def from_http(cls, body: dict, seconds: float) -> "Sample":
