@@ -24,7 +24,7 @@ from deploy.config import DrafterConfig, ServiceConfig
 from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
 
 POOL_GROUP = "specfleet:pool"
-REPLICA_PREFIX = "SERVE_REPLICA::specfleet#"  # Serve's actor names for the app's replicas
+REPLICA_PREFIX = "SERVE_REPLICA::specfleet#SpecfleetServer#"  # Serve's actor names for the target's replicas
 HEALTH_TIMEOUT_S = 5.0
 NOWHERE = {"node": None, "node_ip": None, "gpu": [], "device": None}  # placement of what did not answer
 
@@ -55,7 +55,8 @@ def start_pool(config: ServiceConfig) -> None:
     handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
                for s in specs}
     ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
-    coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s)
+    coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s,
+                                          request_ttl_s=config.request_ttl_s)
     ray.get(coordinator.stats.remote())
 
 

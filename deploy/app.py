@@ -4,8 +4,10 @@
 args (`ServiceConfig`), resolves the optional API keys (deploy/auth.py: SPECFLEET_API_KEYS, a key
 file), starts the drafter pool (cluster/pool.py: one named actor per drafter, its own GPU on a GPU
 cluster, and the coordinator actor `specfleet:coordinator`), then binds the target deployment
-(one GPU per replica on a GPU cluster) with the FastAPI ingress; the same deployment serves the
-gRPC methods. This is the only place `serve.deployment(...)` and `.bind(...)` run.
+(one GPU per replica on a GPU cluster) behind the front deployment `SpecfleetFront`
+(deploy/front.py), the app's HTTP and gRPC ingress, which forwards every request over a Serve
+handle and turns a replica that fails mid-request into a 503 / UNAVAILABLE. This is the only
+place `serve.deployment(...)` and `.bind(...)` run.
 
 The admin token (deploy/auth.py `ApiKeys.admin`: SPECFLEET_ADMIN_TOKEN, its file, or
 ~/.specfleet/admin_token) is resolved here too and travels the same way; without one the admin
@@ -35,7 +37,8 @@ from cluster.pool import start_pool, stop_pool
 from cluster.resources import target_gpus
 from deploy.auth import ApiKeys
 from deploy.config import ServiceConfig
-from deploy.server import SpecfleetServer, app
+from deploy.front import SpecfleetFront, front_app
+from deploy.server import SpecfleetServer
 
 APP_NAME = "specfleet"
 DEFAULT_CONFIG = Path(__file__).parent / "serve_config.yaml"
@@ -43,6 +46,7 @@ DEFAULT_GRPC_PORT = 9000
 # Generated from deploy/proto/specfleet.proto at install; Serve's gRPC proxy imports it.
 GRPC_SERVICER = "deploy.proto.specfleet_pb2_grpc.add_SpecfleetServicer_to_server"
 LOOPBACK_HOSTS = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+FRONT_MAX_ONGOING = 1024  # the front only waits on replicas; they queue what they cannot take yet
 
 
 def build_app(args: dict):
@@ -53,10 +57,12 @@ def build_app(args: dict):
     admin_keys = ApiKeys.admin(os.environ)
     start_pool(config)
     num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
-    deployment = serve.deployment(name="SpecfleetServer", ray_actor_options={
-        "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(
-        serve.ingress(app)(SpecfleetServer))
-    return deployment.bind(config.model_dump(), coordinator="actor", api_keys=api_keys, admin_keys=admin_keys)
+    target = serve.deployment(name="SpecfleetServer", ray_actor_options={
+        "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(SpecfleetServer)
+    front = serve.deployment(name="SpecfleetFront", max_ongoing_requests=FRONT_MAX_ONGOING,
+                             ray_actor_options={"num_cpus": 0})(serve.ingress(front_app)(SpecfleetFront))
+    replica = target.bind(config.model_dump(), coordinator="actor", api_keys=api_keys, admin_keys=admin_keys)
+    return front.bind(replica, config.max_request_bytes, config.model_name)
 
 
 def load_serve_config(path: str | Path) -> tuple[dict, dict]:

@@ -81,6 +81,7 @@ class ServiceConfig(BaseModel):
     )
     placement: PlacementConfig = PlacementConfig()
     draft_timeout_s: float = Field(default=5.0, gt=0)  # a drafter answering later costs the round its draft; it is marked down
+    request_ttl_s: float = Field(default=60.0, gt=0)  # a request without a round for this long is over (its replica died)
     policy: str = DEFAULT_POLICY
     k: int = Field(default=7, ge=1, le=32)
     max_padding: int = Field(default=4, ge=0, le=16)

@@ -13,8 +13,10 @@ Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknow
 a body over the config's `max_request_bytes`) or
 INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAUTHENTICATED on
 /v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
-deploy/app.py applies `serve.ingress` and `serve.deployment` at build time; this module never
-imports Ray.
+On the Ray service the replica is reached through the front deployment (deploy/front.py): its
+`http` runs this module's FastAPI app in-process for one forwarded request and streams the
+answer; its `grpc` runs `Generate` / `GenerateStream` with a context that records the status.
+deploy/app.py applies `serve.deployment` at build time; this module never imports Ray.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from pydantic import ValidationError
 
 from actors.models import load_causal_lm
 from actors.pool import build_drafters
+from deploy.asgi_bridge import call_asgi
 from deploy.auth import ApiKeys, AuthenticationError
 from deploy.config import DrafterConfig, ServiceConfig
 from deploy.engine import SpeculativeEngine
@@ -275,6 +278,47 @@ class SpecfleetServer:
             if grpc_context is not None:
                 grpc_api.set_status(grpc_context, err)
             raise
+
+
+    # ---- behind the front deployment (deploy/front.py) ----------------------------------------
+    async def http(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]], body: bytes):
+        """One forwarded HTTP request through this process's app: (status, headers), then body chunks."""
+        async for item in call_asgi(app, method, path, query, headers, body):
+            yield item
+
+    async def grpc(self, method: str, request, metadata: dict):
+        """One forwarded gRPC call: ("message", response) per message, then ("status", code,
+        details) when the call set a status."""
+        context = RecordedContext(metadata)
+        try:
+            if method == "Generate":
+                yield ("message", await self.Generate(request, context))
+            elif method == "GenerateStream":
+                async for message in self.GenerateStream(request, context):
+                    yield ("message", message)
+            else:
+                raise ValueError(f"unknown gRPC method {method!r}")
+        except Exception:
+            if context.code is None:
+                raise
+        if context.code is not None:
+            yield ("status", context.code, context.details)
+
+
+class RecordedContext:
+    """The part of a gRPC servicer context the methods above use, recorded for the front."""
+
+    def __init__(self, metadata: dict) -> None:
+        self.metadata, self.code, self.details = metadata, None, ""
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return list(self.metadata.items())
+
+    def set_code(self, code) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
 
 
 class _Replica:

@@ -18,6 +18,9 @@ with a UCB over widths on the round's cost reward, shared across requests); the 
 their drafts together. With `-cf`, the model-free drafters not chosen draft too (`shadows`:
 never verified; the target scores them against the output, counterfactual feedback).
 
+A request whose target stops calling (its replica died mid-request) is forgotten after
+`request_ttl_s` without a call, and its drafter sessions are released (`expire`).
+
 `add_drafter` grows the pool live: the new arm joins new requests and the ones in flight;
 `remove_drafter` shrinks it: no round picks the arm again, requests in flight carry on with the
 others (the actor body waits for the arm's rounds in flight before handing it back).
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +50,7 @@ from policy.ucb import UCB
 
 COORDINATOR_NAME = "specfleet:coordinator"
 DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft
+REQUEST_TTL_S = 60.0  # a request without a call for this long is over (its target died)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class _Request:
     bandit: Bandit
     tokens: list[int] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)  # committed tokens each drafter has seen
+    last_call: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -107,8 +113,10 @@ class DrafterStats:
 
 
 class Coordinator:
-    def __init__(self, drafters: Mapping[str, Proposer], policy: str = DEFAULT_POLICY, seed: int = 0) -> None:
+    def __init__(self, drafters: Mapping[str, Proposer], policy: str = DEFAULT_POLICY, seed: int = 0,
+                 request_ttl_s: float = REQUEST_TTL_S) -> None:
         self.drafters = dict(drafters)
+        self.request_ttl_s = request_ttl_s
         self.spec = parse_policy(policy, list(self.drafters))
         self.global_stats: dict[str, ArmStats] = {arm: ArmStats() for arm in self.spec.arms}
         self.drafter_stats: dict[str, DrafterStats] = {name: DrafterStats() for name in self.drafters}
@@ -141,6 +149,7 @@ class Coordinator:
                 rng = np.random.default_rng(self._rng.integers(2**63))
                 request = self.requests[request_id] = _Request(self.spec.make(self.global_stats, rng))
             request.tokens.extend(int(t) for t in new_tokens)
+            request.last_call = time.monotonic()
             if feedback is not None:
                 self._learn(request, feedback)
             if k <= 0:
@@ -189,6 +198,14 @@ class Coordinator:
             if feedback is not None:
                 self._learn(request, feedback)
         return {name: request.tokens[request.sent.get(name, 0) :] for name in self.drafters}
+
+    def expire(self) -> dict[str, dict[str, list[int]]]:
+        """Forget the requests without a call for request_ttl_s. -> per request, what `close` gives
+        (the caller releases those drafter sessions)."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [rid for rid, r in self.requests.items() if now - r.last_call > self.request_ttl_s]
+        return {rid: self.close(rid) for rid in stale}
 
     def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> None:
         for name, delta in self.close(request_id, new_tokens, feedback).items():
@@ -282,18 +299,21 @@ class CoordinatorActor:
     (`RemoteCoordinator`)."""
 
     def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
-                 draft_timeout_s: float = DRAFT_TIMEOUT_S) -> None:
-        self.core = Coordinator(_pool_at_start(drafters), policy, seed)  # values: drafter actor handles
+                 draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S) -> None:
+        self.core = Coordinator(_pool_at_start(drafters), policy, seed, request_ttl_s)  # values: drafter actor handles
         self.draft_timeout_s = draft_timeout_s
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
         self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
         self.kinds_known: set[str] = set()  # drafters asked whether they are model-free
         self._kinds: asyncio.Task | None = None
+        self._janitor: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
 
     async def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
         """The chosen drafters (and shadows) draft in parallel, each within the round's deadline."""
+        if self._janitor is None:
+            self._janitor = asyncio.get_running_loop().create_task(self._expire_forever())
         if self.core.spec.counterfactual and (self._kinds is None or self._kinds.done()):
             if any(name not in self.kinds_known for name in self.core.drafters):
                 self._kinds = asyncio.get_running_loop().create_task(self._learn_model_free())
@@ -379,8 +399,19 @@ class CoordinatorActor:
                     self.kinds_known.discard(arm)
 
     async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
-        for name, delta in self.core.close(request_id, new_tokens, feedback).items():
-            self.core.drafters[name].release.remote(request_id, delta)  # fire and forget, ordered per caller
+        self._release(request_id, self.core.close(request_id, new_tokens, feedback))
+
+    def _release(self, request_id: str, deltas: Mapping[str, list[int]]) -> None:
+        for name, delta in deltas.items():
+            if name in self.core.drafters:
+                self.core.drafters[name].release.remote(request_id, delta)  # fire and forget, ordered per caller
+
+    async def _expire_forever(self) -> None:
+        """Release what requests whose target died left behind (checked a few times per TTL)."""
+        while True:
+            await asyncio.sleep(min(5.0, self.core.request_ttl_s / 4))
+            for request_id, deltas in self.core.expire().items():
+                self._release(request_id, deltas)
 
     async def stats(self) -> dict:
         return self.core.stats() | {"down": sorted(self.down)}
@@ -433,7 +464,7 @@ def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
 
 
 def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
-                            draft_timeout_s: float = DRAFT_TIMEOUT_S):
+                            draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S):
     """The named async actor `specfleet:coordinator` over drafter actor handles (restarted by Ray
     after a crash, with the same arguments)."""
     import ray
@@ -444,7 +475,7 @@ def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAUL
         name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=256, lifetime="detached",
         max_restarts=-1, max_task_retries=0,
     )
-    return actor.remote(dict(drafters), policy, seed, draft_timeout_s)
+    return actor.remote(dict(drafters), policy, seed, draft_timeout_s, request_ttl_s)
 
 
 def connect_coordinator() -> "RemoteCoordinator":

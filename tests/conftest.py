@@ -101,7 +101,7 @@ def service(tmp_path_factory):
     api_key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     key_file = tmp_path_factory.mktemp("keys") / "api_keys"
     key_file.write_text(f"# specfleet test key\n{api_key}\n")
-    args = {"policy": "metasd-ucb-cost-m2-cf", "k": 7, "api_key_file": str(key_file), "draft_timeout_s": 2.0,
+    args = {"policy": "metasd-ucb-cost-m2-cf", "k": 7, "api_key_file": str(key_file), "draft_timeout_s": 2.0, "request_ttl_s": 15.0,
             "drafters": [{"name": n, "kind": n} for n in ("ngram", "suffix", "hierarchy", "none")]}
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment

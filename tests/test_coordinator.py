@@ -1,5 +1,6 @@
 """The coordinator sends each drafter exactly the committed tokens it has not seen, learns from
 feedback riding on the next call, and frees every session on finish (no Ray needed)."""
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -149,3 +150,14 @@ def test_auto_width_learns_the_width_whose_rounds_pay_best():
                                  draft_round.width, payoff)
     assert set(widths[:20]) == {1, 2, 3, 4}  # each width tried
     assert widths[-100:].count(2) > 80
+
+
+def test_a_request_whose_target_stopped_calling_is_forgotten_after_the_ttl():
+    a = RecordingProposer("a")
+    coordinator = Coordinator({"a": a}, policy="metasd-ucb", request_ttl_s=0.05)
+    coordinator.propose("dead", [1, 2], None, 2, GREEDY)
+    assert coordinator.expire() == {}  # still fresh
+    time.sleep(0.1)
+    coordinator.propose("alive", [3], None, 2, GREEDY)
+    assert coordinator.expire() == {"dead": {"a": []}}  # the caller releases these sessions
+    assert list(coordinator.requests) == ["alive"]

@@ -132,3 +132,83 @@ def test_a_crashed_coordinator_leaves_the_service_answering_and_comes_back_with_
     assert sorted(ray.get(coordinator().drafter_handles.remote())) == pool_before  # removed ones stay out
     assert ask(service) == plain
     assert pulls(coordinator_stats()) > pulls_before  # the restarted coordinator drafts again
+
+
+def test_a_target_replica_dying_mid_request_gives_clean_errors_then_serve_replaces_it(service, plain):
+    """Three requests in flight on the replica (a completion, an SSE stream that has begun, a
+    gRPC call) when it is killed: a 503 OpenAI-style JSON error, an SSE error event then [DONE],
+    and UNAVAILABLE; none hangs. The coordinator forgets their requests and releases their
+    drafter sessions; Serve starts a new replica and the service answers exactly again."""
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import grpc
+    import ray
+    from openai import APIError
+
+    from cluster.pool import REPLICA_PREFIX
+    from deploy.proto import specfleet_pb2, specfleet_pb2_grpc
+
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {service.api_key}"}
+    long_chat = {"model": "smollm2-135m", "messages": CHAT_PROMPTS[1], "max_tokens": 400, "temperature": 0}
+    outcome: dict = {}
+
+    def completion() -> None:
+        request = urllib.request.Request(f"{service.url}/v1/chat/completions", json.dumps(long_chat).encode(), headers)
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                outcome["completion"] = (response.status, json.loads(response.read()))
+        except urllib.error.HTTPError as err:
+            outcome["completion"] = (err.code, json.loads(err.read()))
+
+    def grpc_call() -> None:
+        with grpc.insecure_channel(service.grpc_address) as channel:
+            stub = specfleet_pb2_grpc.SpecfleetStub(channel)
+            request = specfleet_pb2.GenerateRequest(
+                messages=[specfleet_pb2.ChatMessage(**m) for m in CHAT_PROMPTS[1]], max_tokens=400, temperature=0)
+            try:
+                stub.Generate(request, metadata=(("application", "specfleet"),
+                                                 ("authorization", f"Bearer {service.api_key}")), timeout=120)
+                outcome["grpc"] = "OK"
+            except grpc.RpcError as err:
+                outcome["grpc"] = err.code()
+
+    stream_request = urllib.request.Request(f"{service.url}/v1/chat/completions",
+                                            json.dumps(long_chat | {"stream": True}).encode(), headers)
+    stream = urllib.request.urlopen(stream_request, timeout=120)
+    assert stream.readline().startswith(b"data: ")  # the stream has begun
+    threads = [threading.Thread(target=completion), threading.Thread(target=grpc_call)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)  # all three are in flight on the replica
+    (replica,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(REPLICA_PREFIX)]
+    ray.kill(ray.get_actor(replica, namespace="serve"), no_restart=True)
+    killed_at = time.monotonic()
+    events = [line for line in stream.read().decode().splitlines() if line.startswith("data: ")]
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "a request hung after its replica died"
+    status, body = outcome["completion"]
+    assert status == 503 and body["error"]["type"] == "service_unavailable_error" and body["error"]["code"] == 503
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == 503 and events[-1] == "data: [DONE]"
+    assert outcome["grpc"] == grpc.StatusCode.UNAVAILABLE
+    # what the dead replica's requests held is let go after request_ttl_s (15 s in this service)
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 90, "the coordinator to forget them")
+    drafters = ray.get(coordinator().drafter_handles.remote())
+    wait_until(lambda: all(ray.get(h.open_sessions.remote()) == 0 for h in drafters.values()), 30,
+               "their drafter sessions to be released")
+    wait_until(lambda: any(a["name"].startswith(REPLICA_PREFIX) and a["name"] != replica
+                           for a in ray.util.list_named_actors(all_namespaces=True)), 120, "a new replica")
+    deadline, refused = time.monotonic() + 180, 0
+    while True:  # Serve routes to the new replica once it is up (model loaded)
+        try:
+            assert ask(service) == plain
+            break
+        except APIError:
+            refused += 1
+            assert time.monotonic() < deadline, "the service did not come back with a new replica"
+            time.sleep(2)
+    print(f"\nreplica death: answering again {time.monotonic() - killed_at:.1f} s after the kill, "
+          f"{refused} request(s) refused meanwhile")

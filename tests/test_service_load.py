@@ -108,8 +108,11 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
                what="the coordinator to settle")
     actors = drafter_actors()
     assert "load-ngram" not in actors
-    wait_until(lambda: all(ray.get(h.open_sessions.remote()) == 0 for h in actors.values()),
-               timeout_s=30, what="every drafter session to be released")
+    def open_sessions() -> dict[str, int]:
+        return {name: ray.get(h.open_sessions.remote()) for name, h in actors.items()}
+
+    wait_until(lambda: not any(open_sessions().values()), timeout_s=30,
+               what=f"every drafter session to be released (open: {open_sessions()})")
     growth = {name: ray.get(h.rss_bytes.remote()) - memory_before[name] for name, h in actors.items()
               if name != "suffix"}  # suffix was restarted mid-run: a new process
     print(f"drafter actor memory growth (MiB): { {n: round(g / 2**20, 1) for n, g in growth.items()} }")
