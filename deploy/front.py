@@ -19,12 +19,10 @@ Plain classes and FastAPI routes: deploy/app.py applies `serve.ingress` / `serve
 """
 from __future__ import annotations
 
-import json
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from deploy.openai_api import error_body
+from deploy.openai_api import error_body, sse_event, too_large_body
 
 front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
@@ -50,8 +48,7 @@ class SpecfleetFront:
     async def forward(self, request: Request) -> Response:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_request_bytes:  # refused before reading
-            return JSONResponse(error_body(f"the request body is over the limit of {self.max_request_bytes} bytes",
-                                           None, 413, "request_too_large"), status_code=413)
+            return JSONResponse(too_large_body(self.max_request_bytes), status_code=413)
         body = await request.body()
         answer = self.target.http.remote(request.method, request.url.path, request.url.query.encode("latin-1"),
                                          list(request.headers.items()), body)
@@ -77,7 +74,7 @@ class SpecfleetFront:
                 yield chunk
         except Exception as err:  # noqa: BLE001 - mid-stream: an error event, then the end
             _, error = _failure(err)
-            yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
+            yield (sse_event(error) + sse_event("[DONE]")).encode()
 
     # ---- gRPC: specfleet.v1.Specfleet, forwarded ------------------------------------------------
     def _call(self, method: str, request, grpc_context):

@@ -6,6 +6,8 @@ OpenAI's `{"error": {"message", "type", "param", "code"}}` naming the field. Res
 """
 from __future__ import annotations
 
+import json
+
 import re
 import time
 import uuid
@@ -53,6 +55,16 @@ class CompletionRequest(_SamplingFields):
 
 def error_body(message: str, param: str | None, code: int, error_type: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def too_large_body(limit: int) -> dict:
+    """The 413 answer for a request body over `limit` bytes."""
+    return error_body(f"the request body is over the limit of {limit} bytes", None, 413, "request_too_large")
+
+
+def sse_event(payload: dict | str) -> str:
+    """One server-sent event: `data: <JSON or literal>` and a blank line."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
 # pydantic puts the member type of a union field into the error location (`prompt.str`,

@@ -45,6 +45,8 @@ from deploy.openai_api import (
     completion_body,
     error_body,
     new_id,
+    sse_event,
+    too_large_body,
     usage_chunk_body,
     validation_error_body,
 )
@@ -66,10 +68,6 @@ def _unavailable(err: TargetUnavailableError) -> dict:
 def _no_pool() -> JSONResponse:
     return _error("this server drafts in-process; the admin API manages the Ray service's pool "
                   "(specfleet serve, serve deploy)", None, 501, "not_implemented_error")
-
-
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
 class SpecfleetServer:
@@ -146,7 +144,7 @@ class SpecfleetServer:
         declared = request.headers.get("content-length", "")
         # refused before reading when the header says so, else once read (chunked bodies)
         if (declared.isdigit() and int(declared) > limit) or len(raw := await request.body()) > limit:
-            return _error(f"the request body is over the limit of {limit} bytes", None, 413, "request_too_large")
+            return JSONResponse(too_large_body(limit), status_code=413)
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -171,21 +169,21 @@ class SpecfleetServer:
                       include_usage: bool):
         """SSE chunks whose text adds up to the non-streamed text (deploy/generation.stream). A
         target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
-        yield _sse(chunk_body(request_id, self.model_name, chat, None, None, first=True))
+        yield sse_event(chunk_body(request_id, self.model_name, chat, None, None, first=True))
         try:
             async for item in stream(self.engine, prompt_ids, sampling):
                 if isinstance(item, Finished):
                     done = item
                 else:
-                    yield _sse(chunk_body(request_id, self.model_name, chat, item, None))
+                    yield sse_event(chunk_body(request_id, self.model_name, chat, item, None))
         except TargetUnavailableError as err:
-            yield _sse(_unavailable(err))
-            yield _sse("[DONE]")
+            yield sse_event(_unavailable(err))
+            yield sse_event("[DONE]")
             return
-        yield _sse(chunk_body(request_id, self.model_name, chat, None, done.result.finish_reason))
+        yield sse_event(chunk_body(request_id, self.model_name, chat, None, done.result.finish_reason))
         if include_usage:
-            yield _sse(usage_chunk_body(request_id, self.model_name, chat, done.result))
-        yield _sse("[DONE]")
+            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, done.result))
+        yield sse_event("[DONE]")
         self._observe(done)
 
     # ---- admin: the live drafter pool (cluster/pool.py, on the Ray service) -----------------

@@ -76,7 +76,11 @@ class RoundFeedback:
 class DraftRound:
     proposals: tuple[Proposal, ...] = ()  # to verify; drafts may be empty
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
-    width: int = 1
+
+    @property
+    def width(self) -> int:
+        """Drafters asked this round."""
+        return len(self.proposals)
 
     @property
     def label(self) -> str:
@@ -92,7 +96,6 @@ class Selection:
     arms: tuple[str, ...]  # draft and verify, best first
     shadows: tuple[str, ...]  # draft for counterfactual feedback only
     deltas: dict[str, list[int]]  # per drafter asked, the committed tokens it has not seen
-    width: int
 
 
 @dataclass
@@ -163,7 +166,7 @@ class Coordinator:
             for arm in arms + shadows:
                 deltas[arm] = request.tokens[request.sent.get(arm, 0) :]
                 request.sent[arm] = len(request.tokens)
-            return Selection(arms, shadows, deltas, len(arms))
+            return Selection(arms, shadows, deltas)
 
     @staticmethod
     def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
@@ -186,7 +189,7 @@ class Coordinator:
             return PLAIN_ROUND
         drafts = {arm: self.as_round(arm, self.drafters[arm].propose(request_id, chosen.deltas[arm], k, sampling), k)
                   for arm in chosen.arms + chosen.shadows}
-        return DraftRound(tuple(drafts[a] for a in chosen.arms), tuple(drafts[a] for a in chosen.shadows), chosen.width)
+        return DraftRound(tuple(drafts[a] for a in chosen.arms), tuple(drafts[a] for a in chosen.shadows))
 
     def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> dict[str, list[int]]:
         """Learn the last round and forget the request. -> per drafter, the tokens it has not seen."""
@@ -325,7 +328,7 @@ class CoordinatorActor:
                                          for arm in asked))
         by_arm = dict(zip(asked, drafts))
         shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a].token_ids)
-        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, chosen.width)
+        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows)
 
     async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal:
         """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a
@@ -395,8 +398,7 @@ class CoordinatorActor:
                     continue
                 del self.down[arm]
                 if removed and arm not in self.core.drafters:
-                    self.core.add_drafter(arm, handle)
-                    self.kinds_known.discard(arm)
+                    await self.add_drafter(arm, handle)
 
     async def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         self._release(request_id, self.core.close(request_id, new_tokens, feedback))

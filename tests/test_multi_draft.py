@@ -108,7 +108,7 @@ def test_tree_sampling_continues_along_the_accepted_branch_with_the_targets_cond
     sampling = SamplingParams(temperature=1.0)
     after = {0: np.zeros(4), 1: np.zeros(4)}
     for _ in range(20_000):
-        drafts = [(0, int(torch.multinomial(torch.tensor([0.5, 0.5]), 1, generator=gen)) * 1),
+        drafts = [(0, int(torch.multinomial(torch.tensor([0.5, 0.5]), 1, generator=gen))),
                   (1, (0, 3)[int(torch.multinomial(torch.tensor([0.5, 0.5]), 1, generator=gen))])]
         tree = DraftTree.build(drafts)
         logits = torch.stack([p_root] + [p_after[tree.tokens[n]] if tree.depths[n] == 1 else p_root
