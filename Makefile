@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
 STUBS   := deploy/proto/specfleet_pb2.py deploy/proto/specfleet_pb2_grpc.py
 
-.PHONY: install serve demo test cluster-deps bench clean
+.PHONY: install serve demo test cluster-deps bench specialists bench-specialists clean
 
 install: $(STAMP) $(STUBS)
 
@@ -52,6 +52,17 @@ bench: install
 		--runs '$(BENCH_RUNS),serve:metasd-ucb-cost' --concurrency 1,4,8 --out bench-out/mixed.json
 	$(VENV)/bin/specfleet bench --prompts deploy/prompts/task_switch.jsonl --max-tokens 192 \
 		--runs '$(BENCH_RUNS),policy:sw-ucb' --trace-prompt switch-01 --out bench-out/task_switch.json
+
+# the task specialists (code, math, translation): the target's answers to deploy/prompts/train/*.jsonl,
+# a retrieval datastore and a distilled drafter per task, under $$SPECFLEET_CACHE/specialists (not git)
+specialists: install
+	$(VENV)/bin/specfleet specialists
+
+# the specialist pool on the mixed set (README "Task specialists")
+SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cf,policy:metasd-ucb-cost-cf,policy:metasd-ucb-mall-cf
+bench-specialists: specialists
+	$(VENV)/bin/specfleet bench --pool specialists --prompts $(PROMPTS) --max-tokens 128 \
+		--runs '$(SPECIALIST_RUNS)' --out bench-out/specialists.json
 
 clean:
 	rm -rf $(VENV) bench-out $(STUBS)

@@ -5,7 +5,10 @@ of what it has cached (including its own rejected drafts) and the committed cont
 the rest, then drafts k tokens one forward at a time. Greedy drafting takes the argmax and sends
 its temperature-1 distribution (top `q_top_n`, for the BD reward); sampled drafting draws from
 the top `q_top_n` of its warped distribution, renormalised, and sends exactly that q, so
-verification stays lossless. A drafter whose vocabulary differs from the target's is refused.
+verification stays lossless. With `min_confidence` > 0 the draft ends after a token the drafter
+gave less than that probability (as transformers' assistant confidence threshold): the tokens it
+would likely lose are neither drafted nor verified. A drafter whose vocabulary differs from the
+target's is refused.
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def sparse_top(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Ten
 class HFModelProposer:
     model_free = False
 
-    def __init__(self, model: torch.nn.Module, name: str = "hf", target_vocab_size: int | None = None, q_top_n: int = 64) -> None:
+    def __init__(self, model: torch.nn.Module, name: str = "hf", target_vocab_size: int | None = None, q_top_n: int = 64,
+                 min_confidence: float = 0.0) -> None:
         vocab = int(model.get_output_embeddings().weight.shape[0])
         if target_vocab_size is not None and vocab != target_vocab_size:
             raise InvalidRequestError(
@@ -50,14 +54,14 @@ class HFModelProposer:
                 f"drafter {name!r} has a vocabulary of {vocab} tokens but the target has {target_vocab_size}; "
                 "an hf drafter must share the target's tokenizer",
             )
-        self.name, self.model, self.q_top_n = name, model, q_top_n
+        self.name, self.model, self.q_top_n, self.min_confidence = name, model, q_top_n, min_confidence
         self.device = next(model.parameters()).device
         self.sessions = SessionStore()
 
     def _forward(self, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
         """Append tokens to the drafter's cache. -> logits of the last position [V]."""
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
+        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
         state.cached.extend(token_ids)
         return out.logits[0, -1].float().cpu()
 
@@ -91,6 +95,8 @@ class HFModelProposer:
                 token = int(ids[torch.multinomial(q_probs, 1, generator=state.generator)])
             draft.append(token)
             q.append(SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())))
+            if float(probs[token]) < self.min_confidence:
+                break
             if j < k - 1:
                 logits = self._forward(state, [token])
         return Proposal(self.name, tuple(draft), tuple(q), time.perf_counter() - start)

@@ -1,8 +1,12 @@
 """Build a drafter pool from names: the only place that knows every drafter kind.
 
 Kinds: `ngram` (prompt lookup), `suffix` (cache of past requests), `hierarchy` (context, then past
-requests, then the model drafter if any), `hf` (a model drafter; needs a draft model), and `none`
-(the no-draft arm). Unknown names raise InvalidRequestError naming `drafters`.
+requests, then the model drafter if any), `hf` (a model drafter; needs a draft model), `none`
+(the no-draft arm), and the task specialists built by `specfleet specialists` (actors/specialists.py),
+which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
+their task knowledge: `retrieval-<task>` (its datastore, when it matches a longer tail) and
+`distill-<task>` (its distilled model). Unknown or unbuilt names raise InvalidRequestError
+naming `drafters`.
 """
 from __future__ import annotations
 
@@ -15,20 +19,40 @@ from actors.hierarchy import HierarchyProposer
 from actors.ngram import NgramProposer
 from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
+from actors.specialists import built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 from deploy.errors import InvalidRequestError
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)
+POOLS = ("default", "specialists")
+DISTILL_MIN_CONFIDENCE = 0.4  # a distilled specialist stops drafting after a token it is less sure of
+
+
+def is_drafter_kind(name: str) -> bool:
+    return name in DRAFTER_KINDS or is_specialist(name)
+
+
+def pool_drafters(pool: str) -> tuple[str, ...]:
+    """`default`: the generic drafters; `specialists`: those plus every specialist built here."""
+    if pool not in POOLS:
+        raise InvalidRequestError("pool", f"must be one of {list(POOLS)}, got {pool!r}")
+    if pool == "default":
+        return DEFAULT_DRAFTERS
+    built = built_specialists()
+    if not built:
+        raise InvalidRequestError("pool", "no specialists are built on this machine: run `make specialists` first")
+    return DEFAULT_DRAFTERS + built
 
 
 def parse_drafter_names(names: str | Sequence[str]) -> tuple[str, ...]:
     items = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
     if not items:
         raise InvalidRequestError("drafters", "needs at least one drafter")
-    unknown = [n for n in items if n not in DRAFTER_KINDS]
+    unknown = [n for n in items if not is_drafter_kind(n)]
     if unknown:
-        raise InvalidRequestError("drafters", f"unknown drafter(s) {unknown}; known: {list(DRAFTER_KINDS)}")
+        raise InvalidRequestError("drafters", f"unknown drafter(s) {unknown}; known: {list(DRAFTER_KINDS)} "
+                                              "and the specialists retrieval-<task>, distill-<task>")
     if len(set(items)) != len(items):
         raise InvalidRequestError("drafters", f"duplicate drafter in {items}")
     return tuple(items)
@@ -57,4 +81,21 @@ def build_drafters(
             if draft_model is not None:
                 sources.append(HFModelProposer(draft_model, name="hierarchy.hf", target_vocab_size=target_vocab_size))
             pool[name] = HierarchyProposer(sources)
+        else:
+            pool[name] = _specialist(name, target_vocab_size)
     return pool
+
+
+def _specialist(name: str, target_vocab_size: int | None) -> Proposer:
+    from actors.distilled import load_distilled
+    from actors.models import default_device
+    from actors.retrieval import RetrievalProposer, TokenDatastore
+
+    path = specialist_path(name)
+    if not path.exists():
+        raise InvalidRequestError("drafters", f"{name!r} is not built on this machine ({path}): run `make specialists`")
+    if name.startswith("retrieval-"):
+        return RetrievalProposer(TokenDatastore.load(path), name=name)
+    model = HFModelProposer(load_distilled(path, default_device()), name=f"{name}.model", target_vocab_size=target_vocab_size,
+                            min_confidence=DISTILL_MIN_CONFIDENCE)
+    return HierarchyProposer([NgramProposer(name=f"{name}.context"), model], name=name)

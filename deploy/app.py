@@ -18,8 +18,8 @@ SHA-256 digests: not in the Serve config YAML (which may only name a key file), 
 runtime_env (Ray shows env vars in its actor and Serve views), and nothing a log or Serve's
 stored state could leak is usable as a key. Rotating keys = redeploying the app.
 
-`serve_forever` backs `specfleet serve`: a local Ray bound to 127.0.0.1, HTTP on the given
-host/port, gRPC (Serve's gRPC proxy, same app, metadata `application: specfleet`) on 127.0.0.1
+`serve_forever` backs `specfleet serve`: a local Ray bound to 127.0.0.1, the config's drafters plus
+those of `--pool` (`specialists`: every specialist built here), HTTP on the given host/port, gRPC (Serve's gRPC proxy, same app, metadata `application: specfleet`) on 127.0.0.1
 at the given port, clean shutdown on Ctrl-C / SIGTERM.
 """
 from __future__ import annotations
@@ -109,9 +109,22 @@ def stop_local_service(args: dict) -> None:
         shutdown()
 
 
+def with_pool(args: dict, pool: str) -> dict:
+    """The app's args with the pool's drafters (e.g. `specialists`) added after the config's own."""
+    from actors.pool import pool_drafters
+
+    extra = pool_drafters(pool)
+    if pool == "default":
+        return args
+    drafters = [d.model_dump(exclude_defaults=True) for d in ServiceConfig.model_validate(args).drafters]
+    present = {d["name"] for d in drafters}
+    return args | {"drafters": drafters + [{"name": n, "kind": n} for n in extra if n not in present]}
+
+
 def serve_forever(config_path: str | Path = DEFAULT_CONFIG, host: str = "127.0.0.1", port: int = 8000,
-                  grpc_port: int = DEFAULT_GRPC_PORT) -> None:
+                  grpc_port: int = DEFAULT_GRPC_PORT, pool: str = "default") -> None:
     args, _ = load_serve_config(config_path)
+    args = with_pool(args, pool)
     config = ServiceConfig.model_validate(args)
     ApiKeys.resolve(os.environ, config.api_key_file)  # a bad key setting stops here, before Ray starts
     stop = threading.Event()

@@ -1,5 +1,6 @@
 """The `specfleet` command line: `generate` and `bench` (in-process engine), `serve` (Ray Serve),
-`drafters list|add|remove` (the running service's admin API) and `status` (where everything runs).
+`drafters list|add|remove` (the running service's admin API), `status` (where everything runs),
+and `distill` / `specialists` (build task-specialist drafters; deploy/specialists/).
 
 Errors in user input print `error: <field>: <message>` and exit with status 2.
 """
@@ -16,14 +17,30 @@ from deploy.errors import InvalidRequestError
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
     from actors.models import DEFAULT_MODEL
-    from actors.pool import DEFAULT_DRAFTERS
+    from actors.pool import DEFAULT_DRAFTERS, POOLS
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: embedded name, local dir, .gguf file or hub id")
     parser.add_argument("--dtype", default="float32", help="float32 (default; bit-exact greedy), bfloat16, float16")
-    parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help="comma list of ngram,suffix,hierarchy,hf,none")
+    _pool_arg(parser)
+    parser.add_argument("--drafters", default=None,
+                        help=f"comma list of ngram,suffix,hierarchy,hf,none,retrieval-<task>,distill-<task> "
+                             f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)})")
     parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
     parser.add_argument("--k", type=int, default=7, help="max tokens drafted per round")
+
+
+def _pool_arg(parser: argparse.ArgumentParser) -> None:
+    from actors.pool import POOLS
+
+    parser.add_argument("--pool", default=POOLS[0], choices=POOLS,
+                        help="specialists: the generic drafters plus every specialist built by `make specialists`")
+
+
+def _drafter_names(args: argparse.Namespace) -> str:
+    from actors.pool import pool_drafters
+
+    return args.drafters if args.drafters else ",".join(pool_drafters(args.pool))
 
 
 def _load(args: argparse.Namespace):
@@ -54,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as err:
             raise InvalidRequestError("messages", f"not valid JSON: {err}") from err
     target, draft_model = _load(args)
-    drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (args.drafters, args.policy)
+    drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (_drafter_names(args), args.policy)
     engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k)
     result = engine.generate(prompt=args.prompt, messages=messages, sampling=sampling)
     if args.json:
@@ -80,7 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = prompts[: args.limit]
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
-                       drafters=args.drafters, draft_model=draft_model, progress=not args.no_progress,
+                       drafters=_drafter_names(args), draft_model=draft_model, progress=not args.no_progress,
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile)
     table = render_table(report)
     if args.out:
@@ -100,7 +117,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.app import serve_forever
 
-    serve_forever(args.config, host=args.host, port=args.port, grpc_port=args.grpc_port)
+    serve_forever(args.config, host=args.host, port=args.port, grpc_port=args.grpc_port, pool=args.pool)
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from actors.models import load_causal_lm
+    from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
+    from deploy.target import TargetModel
+
+    target = TargetModel(load_causal_lm(args.model, device="cpu"))
+    out = Path(args.out)
+    examples = corpus_for(target, Path(args.prompts), out / CORPUS_FILE, args.max_new_tokens, progress=True)
+    meta = build_distilled(target, examples, out, args.layers, args.epochs, log=print) | {"task": args.task}
+    print(json.dumps(meta, indent=1))
+    return 0
+
+
+def cmd_specialists(args: argparse.Namespace) -> int:
+    from actors.models import load_causal_lm
+    from actors.specialists import specialists_root
+    from deploy.specialists.build import build_specialists
+    from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
+    from deploy.target import TargetModel
+
+    tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
+    for task in tasks:
+        training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
+    target = TargetModel(load_causal_lm(args.model, device="cpu"))
+    manifest = build_specialists(target, tasks, num_layers=args.layers, epochs=args.epochs, rebuild=args.rebuild)
+    print(json.dumps(manifest, indent=1))
+    print(f"specialists under {specialists_root()}: built in {manifest['build_s']:.0f} s in all on this machine "
+          f"({manifest['this_run_s']:.0f} s this run)", file=sys.stderr)
     return 0
 
 
@@ -201,7 +249,26 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--grpc-port", type=int, default=9000,
                      help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/proto/specfleet.proto)")
+    _pool_arg(srv)
     srv.set_defaults(func=cmd_serve)
+
+    dist = sub.add_parser("distill", help="distil a task drafter from the target's answers to a prompt file")
+    dist.add_argument("--task", required=True, help="the task's name (recorded with the drafter)")
+    dist.add_argument("--prompts", required=True, help="JSONL training prompts {id, task, messages|prompt}")
+    dist.add_argument("--out", required=True, help="directory for the drafter (and the corpus it was trained on)")
+    dist.add_argument("--model", default="smollm2-135m", help="the target to distil from")
+    dist.add_argument("--layers", type=int, default=2, help="decoder layers kept from the target")
+    dist.add_argument("--epochs", type=int, default=8)
+    dist.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
+    dist.set_defaults(func=cmd_distill)
+
+    spec = sub.add_parser("specialists", help="build the specialist pool (corpus, retrieval datastore, distilled drafter per task)")
+    spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation)")
+    spec.add_argument("--model", default="smollm2-135m", help="the target")
+    spec.add_argument("--layers", type=int, default=2, help="decoder layers of each distilled drafter")
+    spec.add_argument("--epochs", type=int, default=8)
+    spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
+    spec.set_defaults(func=cmd_specialists)
 
     drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
     actions = drafters.add_subparsers(dest="action", required=True)
@@ -216,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             one.add_argument("name")
         if action == "add":
-            one.add_argument("--kind", required=True, help="ngram, suffix, hierarchy, hf or none")
+            one.add_argument("--kind", required=True, help="ngram, suffix, hierarchy, hf, none, or a built specialist retrieval-<task> / distill-<task>")
             one.add_argument("--model", default=None, help="draft model (hf): embedded name, local dir or .gguf")
             one.add_argument("--num-layers", type=int, default=None, help="keep the model's first N layers")
             one.add_argument("--num-gpus", type=float, default=None, help="default: 1 on a GPU cluster")

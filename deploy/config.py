@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.models import DEFAULT_MODEL, DTYPES
-from actors.pool import DRAFTER_KINDS
+from actors.pool import DRAFTER_KINDS, is_drafter_kind
 from policy.registry import DEFAULT_POLICY, parse_policy
 
 
@@ -48,7 +48,9 @@ class DrafterConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def known_kind(cls, value: str) -> str:
-        return _one_of(value, list(DRAFTER_KINDS))
+        if not is_drafter_kind(value):
+            raise ValueError(f"must be one of {list(DRAFTER_KINDS)} or a specialist retrieval-<task> / distill-<task>")
+        return value
 
     @model_validator(mode="after")
     def model_drafter_needs_a_model(self) -> "DrafterConfig":

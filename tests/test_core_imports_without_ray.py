@@ -4,12 +4,13 @@ import sys
 
 CORE_MODULES = [
     "actors.proposal", "actors.session", "actors.kv_cache", "actors.ngram", "actors.suffix", "actors.hf", "actors.hierarchy",
-    "actors.no_draft", "actors.models", "actors.pool",
+    "actors.no_draft", "actors.models", "actors.pool", "actors.retrieval", "actors.distilled", "actors.specialists",
     "policy.bandit", "policy.ucb", "policy.sw_ucb", "policy.exp3", "policy.thompson", "policy.sequential_halving",
     "policy.random_arm", "policy.fixed", "policy.reward", "policy.registry", "policy.coordinator",
     "deploy.errors", "deploy.auth", "deploy.generation", "deploy.sampling", "deploy.verify", "deploy.draft_tree",
     "deploy.tree_verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.bench.cost_profile",
-    "deploy.bench.verify_cost", "deploy.cli",
+    "deploy.bench.verify_cost", "deploy.cli", "deploy.specialists.tasks", "deploy.specialists.corpus",
+    "deploy.specialists.distill", "deploy.specialists.build",
 ]
 
 

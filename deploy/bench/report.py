@@ -7,7 +7,10 @@ is throughput (tokens over wall time), its per-task figures are per-request spee
 `lossless` compares every prompt's greedy token ids with `ar`. With a cost profile, in-process rows
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
 re-timed with another device's verification costs (deploy/bench/cost_profile.py). The summary
-compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy.
+compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy,
+and each specialist (`single:retrieval-<task>`, `single:distill-<task>`) on its own task with the
+generic drafters and the other tasks' specialists: tokens per forward (acceptance) and drafting
+cost per drafted token.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 
 Samples = list[tuple[BenchPrompt, Sample]]
+SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
 MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto)(?![a-z0-9])")  # -m2, -mall, -mauto; not -m1
 
 
@@ -75,6 +79,8 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     if rounds and not is_ar and coordinator_s + verify_s > 0:  # one round's draft call, and its share of the round
         row["draft_ms_per_round"] = round(1000 * coordinator_s / rounds, 3)
         row["draft_share_of_round"] = round(coordinator_s / (coordinator_s + verify_s), 4)
+        drafted = sum(stats.get("drafted", 0) for _, x in samples for stats in x.per_drafter.values())
+        row["draft_ms_per_token"] = round(1000 * coordinator_s / drafted, 3) if drafted else None
     if samples and all(x.profiled_s is not None for _, x in samples) and (is_ar or "profiled" in ar_row):
         tps = _profiled_tps(samples)
         per_task = {task: _profiled_tps([s for s in samples if s[0].task == task]) for task in row["per_task"]}
@@ -107,6 +113,25 @@ def oracle_row(rows: Sequence[dict]) -> dict | None:
     }
 
 
+def specialist_summary(rows: Sequence[dict]) -> dict:
+    """Each specialist single drafter on its own task against the generic drafters and the other
+    tasks' specialists (the best of them by tokens per forward there)."""
+    singles = {r["name"]: r for r in rows if r["name"].startswith("single:") and r["name"] != "single:none"}
+    out = {}
+    for name, row in singles.items():
+        found = SPECIALIST.match(name)
+        if not found or found.group(1) not in row["per_task"]:
+            continue
+        task = found.group(1)
+        acceptance = {n: r["per_task"][task]["mean_accepted_length"] or 0.0 for n, r in singles.items()}
+        rivals = [n for n in singles if not (SPECIALIST.match(n) and SPECIALIST.match(n).group(1) == task)]  # generic or another task's
+        rival = max(rivals, key=acceptance.get, default=None)
+        out[name] = {"task": task, "tokens_per_forward": acceptance[name], "draft_ms_per_token": row.get("draft_ms_per_token"),
+                     "best_other": rival, "best_other_tokens_per_forward": acceptance[rival] if rival else None,
+                     "beats_others": rival is None or acceptance[name] > acceptance[rival]}
+    return out
+
+
 def summarize(rows: Sequence[dict]) -> dict:
     """The best in-process policy against ar, the best single drafter, the oracle and the best peer."""
     def best(prefix: str) -> dict | None:
@@ -132,6 +157,9 @@ def summarize(rows: Sequence[dict]) -> dict:
             best_multi, best_one = max(multi, key=speed), max(one, key=speed)
             out[f"{key}multi_draft"] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
                                         "ratio": round(speed(best_multi) / speed(best_one), 3)}
+    specialists = specialist_summary(rows)
+    if specialists:
+        out["specialists"] = specialists
     return out
 
 
@@ -172,4 +200,11 @@ def render_table(report: dict) -> str:
             if key in summary:
                 m = summary[key]
                 lines.append(f"Multi-draft ({label}): {m['best_multi']} is {m['ratio']:.3f}x {m['best_one_drafter']}.")
+        if "specialists" in summary:
+            lines += ["", ("| specialist | own task | tokens/forward there | best generic or other-task drafter there | "
+                           "its tokens/forward | beats them | draft ms per drafted token |"), "|---|---|---|---|---|---|---|"]
+            for name, s in summary["specialists"].items():
+                cost = "" if s["draft_ms_per_token"] is None else f"{s['draft_ms_per_token']:.2f}"
+                lines.append(f"| {name} | {s['task']} | {s['tokens_per_forward']:.2f} | {s['best_other']} | "
+                             f"{s['best_other_tokens_per_forward'] or 0:.2f} | {'yes' if s['beats_others'] else 'NO'} | {cost} |")
     return "\n".join(lines)
