@@ -32,6 +32,15 @@ def lookup_continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:
     return context[start + n : start + n + k]
 
 
+def longest_lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[int, ...]:
+    """The continuation of the longest tail (max_n down to min_n tokens) that occurred earlier; () if none."""
+    for n in range(max_n, min_n - 1, -1):
+        found = lookup_continuation(context, n, k)
+        if found.size:
+            return tuple(int(t) for t in found)
+    return ()
+
+
 class NgramProposer:
     model_free = True  # cheap enough to ask every round for counterfactual feedback
 
@@ -44,12 +53,7 @@ class NgramProposer:
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         start = time.perf_counter()
         context = np.asarray(self.sessions.extend(session, context_delta).tokens, dtype=np.int64)
-        draft: tuple[int, ...] = ()
-        for n in range(self.max_n, self.min_n - 1, -1):
-            found = lookup_continuation(context, n, k)
-            if found.size:
-                draft = tuple(int(t) for t in found)
-                break
+        draft = longest_lookup(context, self.min_n, self.max_n, k)
         return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

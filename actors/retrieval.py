@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.ngram import lookup_continuation
+from actors.ngram import longest_lookup
 from actors.proposal import Proposal
 from actors.session import SessionStore
 from deploy.errors import InvalidRequestError
@@ -117,14 +117,10 @@ class RetrievalProposer:
         start = time.perf_counter()
         tokens = self.sessions.extend(session, context_delta).tokens
         draft, matched = self.datastore.match(tokens, k, self.min_match, self.max_match)
-        if self.context_n is not None:
-            low, high = self.context_n
+        if self.context_n is not None and matched <= self.context_n[1]:
+            # a context match at least as long as the datastore's wins
             context = np.asarray(tokens, dtype=np.int64)
-            for n in range(high, max(low, matched) - 1, -1):  # a context match at least as long as the datastore's wins
-                found = lookup_continuation(context, n, k)
-                if found.size:
-                    draft = tuple(int(t) for t in found)
-                    break
+            draft = longest_lookup(context, max(self.context_n[0], matched), self.context_n[1], k) or draft
         return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

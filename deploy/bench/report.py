@@ -124,7 +124,7 @@ def specialist_summary(rows: Sequence[dict]) -> dict:
             continue
         task = found.group(1)
         acceptance = {n: r["per_task"][task]["mean_accepted_length"] or 0.0 for n, r in singles.items()}
-        rivals = [n for n in singles if not (SPECIALIST.match(n) and SPECIALIST.match(n).group(1) == task)]  # generic or another task's
+        rivals = [n for n in singles if n != name and SPECIALIST.sub(r"\1", n) != task]  # generic or another task's
         rival = max(rivals, key=acceptance.get, default=None)
         out[name] = {"task": task, "tokens_per_forward": acceptance[name], "draft_ms_per_token": row.get("draft_ms_per_token"),
                      "best_other": rival, "best_other_tokens_per_forward": acceptance[rival] if rival else None,
