@@ -8,7 +8,9 @@ cropped to the accepted path. Several distinct drafts: they are merged into a to
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
 `verify_tree` accepts losslessly, and the cache keeps the accepted branch only. Each drafter's
 reward (computed here, where the timings are) rides on the next call; shadow drafts (`-cf`) are
-scored against the output without being verified. The no-draft arm, empty proposals or a
+scored against the output as it is committed, never verified (deploy/counterfactual.py), and their
+cost reward prices their draft at its own drafting time plus the measured cost of verifying a
+draft of its length. The no-draft arm, empty proposals or a
 one-token budget make the round a plain target step. Greedy output equals plain decoding token
 for token; sampled output follows the target's distribution.
 """
@@ -18,14 +20,14 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
-from actors.kv_cache import common_prefix_length
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
+from deploy.counterfactual import CounterfactualScorer, ShadowScore
 from deploy.draft_tree import ROOT, DraftTree
 from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams, warp_probs
@@ -34,7 +36,7 @@ from deploy.tree_verify import per_draft_outcome, verify_tree
 from deploy.verify import draft_overlaps, verify
 from policy.coordinator import Coordinator, DraftRound, Feedback, RoundFeedback
 from policy.registry import DEFAULT_POLICY
-from policy.reward import BD, cost_reward, round_reward
+from policy.reward import BD, COST, cost_reward, round_reward
 
 MAX_K = 32
 
@@ -121,6 +123,10 @@ class SpeculativeEngine:
         if max_padding and not only_plain:
             self.padded_size = [target.padded_length(n, self.max_positions) for n in self.padded_size]
         self.plain_step_s = 0.0 if only_plain else target.plain_step_s()
+        # verify_s_by_size[n]: seconds of a one-draft verification over a forward of n positions
+        # (the target's profile at first, then a running mean of the rounds seen): what a shadow
+        # draft of that size would have cost to verify
+        self.verify_s_by_size = [0.0] + ([] if only_plain else list(target.forward_profile(self.max_positions)))
 
     def generate(
         self,
@@ -147,6 +153,7 @@ class SpeculativeEngine:
         output: list[int] = []
         rounds: list[RoundTrace] = []
         feedback: RoundFeedback | None = None
+        shadows = CounterfactualScorer(with_overlaps=self.reward_kind == BD)
         finish: str | None = None
         try:
             while finish is None:
@@ -158,26 +165,31 @@ class SpeculativeEngine:
                 start = time.perf_counter()
                 emitted_ids, drafted, scores, branch = self._verify(cache, tokens, draft_round, sampling, generator)
                 verify_s = time.perf_counter() - start
-                if not drafted and self.plain_step_s:
-                    self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s  # track the plain step's cost
+                self._track_verify_cost(draft_round, drafted, verify_s)
                 accepted = len(emitted_ids) - 1
-                feedback = None
-                if draft_round.proposals:
-                    drafts = [self._feedback(p, *scores[i], draft_s, verify_s) for i, p in enumerate(draft_round.proposals)]
-                    drafts += [self._counterfactual(p, emitted_ids, branch, sampling, verify_s)
-                               for p in draft_round.shadows]
-                    round_reward_ = cost_reward(accepted, draft_s, verify_s, self.plain_step_s, self.k)
-                    feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_)
+                # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
+                overhead_s = max(0.0, draft_s - sum(p.draft_s for p in draft_round.proposals + draft_round.shadows))
+                drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, verify_s)
+                          for i, p in enumerate(draft_round.proposals)]
+                final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
+                final += shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
+                drafts += [self._counterfactual(s) for s in final]
+                round_reward_ = cost_reward(accepted, draft_s, verify_s, self.plain_step_s, self.k)
+                feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_) if drafts else None
                 before = len(output)
                 emitted, finish = self._emit(output, emitted_ids, sampling)
                 tokens.extend(emitted_ids)
-                reward = max((f.reward for f in feedback.drafts if not f.counterfactual), default=0.0) if feedback else 0.0
+                reward = max((f.reward for f in drafts if not f.counterfactual), default=0.0)
                 rounds.append(RoundTrace(draft_round.label, drafted, accepted, emitted, reward, draft_s, verify_s,
                                          max((p.draft_s for p in draft_round.proposals), default=0.0)))
                 if on_tokens is not None and emitted:
                     on_tokens(output[before:])
         finally:
             committed = list(prompt_ids) + output
+            last = [self._counterfactual(s) for s in shadows.finish()]
+            if last:
+                feedback = RoundFeedback((feedback.drafts if feedback else ()) + tuple(last),
+                                         feedback.width if feedback else 0, feedback.round_reward if feedback else 0.0)
             self.coordinator.finish(request_id, committed[sent:], feedback)
         text = self.target.decode(output)
         cuts = [cut for cut in (text.find(stop) for stop in sampling.stop) if cut >= 0]
@@ -237,24 +249,35 @@ class SpeculativeEngine:
             self.reward_kind, accepted=accepted, drafted=len(proposal.token_ids), overlaps=overlaps,
             draft_s=draft_s, verify_s=verify_s, plain_step_s=self.plain_step_s, k=self.k,
         )
-        return Feedback(proposal.drafter, len(proposal.token_ids), accepted, reward, counterfactual)
+        # the cost reward is a rate: weighed by the round's duration, an arm's mean is its throughput
+        weight = (draft_s + verify_s) / self.plain_step_s if self.reward_kind == COST and self.plain_step_s else 1.0
+        return Feedback(proposal.drafter, len(proposal.token_ids), accepted, reward, counterfactual, weight)
 
-    def _counterfactual(
-        self, shadow: Proposal, emitted: Sequence[int], branch: tuple[torch.Tensor, list[int]], sampling: SamplingParams,
-        verify_s: float,
-    ) -> Feedback:
-        """Score a draft the target did not verify: its tokens count as accepted as far as they
-        match the output; BD terms are known where its context is the accepted branch (the first
-        mismatch included) and counted 0 beyond (a lower bound)."""
-        draft, (logits, rows) = shadow.token_ids, branch
-        accepted = common_prefix_length(draft, emitted)
-        overlaps: tuple[float, ...] = ()
-        if self.reward_kind == BD and draft:
-            known = min(accepted + 1, len(rows), len(draft))
-            p = warp_probs(logits[rows[:known]], sampling)  # [known, V]
-            q = shadow.q[:known] if shadow.q is not None else None
-            overlaps = draft_overlaps(draft[:known], q, p) + (0.0,) * (len(draft) - known)
-        return self._feedback(shadow, accepted, overlaps, shadow.draft_s, verify_s, counterfactual=True)
+    def _counterfactual(self, shadow: ShadowScore) -> Feedback:
+        """A shadow draft's feedback: its matched tokens as accepted; the cost reward prices it as
+        if verified (its drafting time plus its round's overhead, a verification of its size)."""
+        proposal, drafted = shadow.proposal, len(shadow.proposal.token_ids)
+        overlaps = tuple(shadow.overlaps)
+        if overlaps and shadow.matched < len(overlaps):  # a mismatch: the positions after it count 0
+            overlaps += (0.0,) * (drafted - len(overlaps))
+        verify_s = self.verify_s_by_size[self.padded_size[drafted + 1]] if drafted else self.plain_step_s
+        return self._feedback(proposal, shadow.matched, overlaps, proposal.draft_s, verify_s, counterfactual=True)
+
+    @staticmethod
+    def _branch_probs(branch: tuple[torch.Tensor, list[int]], sampling: SamplingParams):
+        """i -> the target's warped distribution for the round's i-th committed token (computed
+        when a shadow asks)."""
+        logits, rows = branch
+        return lambda i: warp_probs(logits[rows[i]], sampling)
+
+    def _track_verify_cost(self, draft_round: DraftRound, drafted: int, verify_s: float) -> None:
+        """Running means of a plain step's and of each one-draft forward size's verification time."""
+        if not drafted and self.plain_step_s:
+            self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s
+        elif drafted and len({p.token_ids for p in draft_round.proposals if p.token_ids}) == 1:
+            size = self.padded_size[drafted + 1]
+            if size < len(self.verify_s_by_size):
+                self.verify_s_by_size[size] = 0.9 * self.verify_s_by_size[size] + 0.1 * verify_s
 
     def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:
         """Append a round's tokens to the output, honouring EOS, max_tokens and stop strings."""

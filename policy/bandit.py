@@ -1,8 +1,16 @@
 """Shared bandit state: arms keyed by name, per-arm pull counts and reward sums, warm start.
 
 Every policy subclasses `Bandit` and implements `select(n)`; `update(arm, reward)` records a
-reward in [0, 1]. `prior` (global statistics across requests) warm-starts a per-request bandit:
-each arm starts with min(prior pulls, prior_weight) pseudo-pulls at the prior mean, so a new
+reward in [0, 1]. `t` counts pulls; an observation of an arm that was not pulled (counterfactual
+feedback, `pulled=False`) adds to the arm's statistics but not to `t`, so free observations do
+not inflate the exploration bonus of the arms that must be pulled to be seen. `weight` counts an
+observation as that many pulls: the cost reward weighs each round by its duration (in plain
+steps), so an arm's mean is its throughput, Σ tokens / Σ seconds, not the mean of its rounds'
+rates (which flatters an arm whose rounds are sometimes cheap and often slow).
+
+`prior` (global statistics across requests) warm-starts a per-request bandit: each arm starts
+with min(prior pulls, prior_weight) pseudo-pulls at the prior mean (one weight for every arm, or
+one per arm), so a new
 request does not re-explore what earlier requests already measured. Randomness comes only from
 the injected numpy Generator.
 """
@@ -24,9 +32,9 @@ class ArmStats:
     def mean(self) -> float:
         return self.reward_sum / self.pulls if self.pulls else 0.0
 
-    def add(self, reward: float) -> None:
-        self.pulls += 1
-        self.reward_sum += reward
+    def add(self, reward: float, weight: float = 1.0) -> None:
+        self.pulls += weight
+        self.reward_sum += reward * weight
 
 
 class Bandit(ABC):
@@ -35,7 +43,7 @@ class Bandit(ABC):
         arms: Sequence[str],
         rng: np.random.Generator,
         prior: Mapping[str, ArmStats] | None = None,
-        prior_weight: float = 0.0,
+        prior_weight: float | Mapping[str, float] = 0.0,
     ) -> None:
         if not arms:
             raise ValueError("a bandit needs at least one arm")
@@ -45,7 +53,8 @@ class Bandit(ABC):
         self.stats: dict[str, ArmStats] = {}
         self.t = 0.0  # total (pseudo-)pulls
         for arm in arms:
-            self.add_arm(arm, prior.get(arm) if prior else None, prior_weight)
+            weight = prior_weight.get(arm, 0.0) if isinstance(prior_weight, Mapping) else prior_weight
+            self.add_arm(arm, prior.get(arm) if prior else None, weight)
 
     @property
     def arms(self) -> list[str]:
@@ -63,10 +72,10 @@ class Bandit(ABC):
             raise ValueError("cannot remove the last arm")
         self.t -= self.stats.pop(arm).pulls
 
-    def update(self, arm: str, reward: float) -> None:
+    def update(self, arm: str, reward: float, pulled: bool = True, weight: float = 1.0) -> None:
         if arm in self.stats:  # an arm removed mid-round just loses its feedback
-            self.stats[arm].add(float(reward))
-            self.t += 1
+            self.stats[arm].add(float(reward), weight)
+            self.t += weight if pulled else 0.0
 
     @abstractmethod
     def select(self, n: int = 1) -> list[str]:

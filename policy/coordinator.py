@@ -16,7 +16,9 @@ round and releases every drafter's session.
 A round drafts with the policy's top `width` arms (`-m<N>`, `-mall`; `-mauto` picks the width
 with a UCB over widths on the round's cost reward, shared across requests); the target verifies
 their drafts together. With `-cf`, the model-free drafters not chosen draft too (`shadows`:
-never verified; the target scores them against the output, counterfactual feedback).
+never verified; the target scores them against the output, counterfactual feedback); the no-draft
+arm, when not chosen, is a shadow that drafts nothing (its cost reward is what a plain step would
+have scored), so no policy has to pull it to learn it.
 
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
@@ -63,6 +65,7 @@ class Feedback:
     accepted: int
     reward: float
     counterfactual: bool = False
+    weight: float = 1.0  # pulls it counts as (the cost reward: the round's duration in plain steps)
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class Coordinator:
                 return None  # begun before this coordinator (re)started: it lacks the context, so no draft
             if request is None:
                 rng = np.random.default_rng(self._rng.integers(2**63))
-                request = self.requests[request_id] = _Request(self.spec.make(self.global_stats, rng))
+                bandit = self.spec.make(self.global_stats, rng, self.model_free | {NO_DRAFT})
+                request = self.requests[request_id] = _Request(bandit)
             request.tokens.extend(int(t) for t in new_tokens)
             request.last_call = time.monotonic()
             if feedback is not None:
@@ -161,7 +165,8 @@ class Coordinator:
             arms = tuple(request.bandit.select(width or len(request.bandit.stats)))
             shadows = ()
             if self.spec.counterfactual:
-                shadows = tuple(a for a in request.bandit.stats if a in self.model_free and a not in arms)
+                shadows = tuple(a for a in request.bandit.stats
+                                if (a in self.model_free or a == NO_DRAFT) and a not in arms)
             deltas = {}
             for arm in arms + shadows:
                 deltas[arm] = request.tokens[request.sent.get(arm, 0) :]
@@ -255,9 +260,9 @@ class Coordinator:
         if self.spec.auto_width and 1 <= feedback.width <= AUTO_MAX_WIDTH:
             self.width_bandit.update(str(feedback.width), feedback.round_reward)
         for draft in feedback.drafts:
-            request.bandit.update(draft.drafter, draft.reward)
+            request.bandit.update(draft.drafter, draft.reward, pulled=not draft.counterfactual, weight=draft.weight)
             if draft.drafter in self.global_stats:
-                self.global_stats[draft.drafter].add(draft.reward)
+                self.global_stats[draft.drafter].add(draft.reward, draft.weight)
             stats = self.drafter_stats.get(draft.drafter)
             if stats is not None and draft.counterfactual:
                 stats.counterfactual += 1
@@ -327,24 +332,27 @@ class CoordinatorActor:
         drafts = await asyncio.gather(*(self._draft(arm, request_id, chosen.deltas[arm], k, sampling, arm in chosen.arms)
                                          for arm in asked))
         by_arm = dict(zip(asked, drafts))
-        shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a].token_ids)
+        shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a] is not None)
         return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows)
 
-    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal:
+    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
         """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a
-        chosen drafter is then marked down; a shadow's failure only loses its feedback)."""
+        chosen drafter is then marked down; a shadow's failure loses its feedback: None)."""
         from ray.exceptions import RayError
 
-        if arm in self.down:  # still the only arm the policy has: plain steps until it is back
+        if arm == NO_DRAFT:  # drafts nothing: no call
             return Proposal(drafter=arm)
+        if arm in self.down:  # still the only arm the policy has: plain steps until it is back
+            return Proposal(drafter=arm) if chosen else None
         handle = self.core.drafters[arm]
         self.drafting[arm] = self.drafting.get(arm, 0) + 1
         try:
             call = handle.propose.remote(request_id, delta, k, sampling)
             proposal = await asyncio.wait_for(call, self.draft_timeout_s)
         except (asyncio.TimeoutError, RayError) as err:
-            if chosen:
-                self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
+            if not chosen:
+                return None
+            self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
             return Proposal(drafter=arm)  # this round without its draft
         finally:
             self.drafting[arm] -= 1

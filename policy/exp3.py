@@ -54,9 +54,9 @@ class EXP3(Bandit):
         picked = self.rng.choice(len(arms), size=n, replace=False, p=np.array(list(probs.values())))
         return [arms[i] for i in picked]
 
-    def update(self, arm: str, reward: float) -> None:
+    def update(self, arm: str, reward: float, pulled: bool = True, weight: float = 1.0) -> None:
         if arm not in self.stats:
             return
-        p = self.probabilities()[arm]
-        super().update(arm, reward)
+        p = self.probabilities()[arm] if pulled else 1.0  # an observation not drawn needs no importance weight
+        super().update(arm, reward, pulled, weight)
         self.log_weights[arm] += self.config.gamma * (reward / p) / len(self.stats)

@@ -15,18 +15,23 @@ Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto][-cf][-warm]
     -cf           counterfactual feedback: model-free drafters not chosen also draft each round
                   (no target cost) and learn from how far their draft matches the output
     -warm         warm-start each request's bandit from earlier requests' statistics
+                  (PRIOR_WEIGHT pseudo-pulls per arm; with -cf, PRIOR_WEIGHT_PULLED for the arms
+                  the request sees only by pulling them: the costly model drafters)
 
 Each request's bandit starts empty, as in the paper; `-warm` warm-starts it from the
 statistics of earlier requests instead. Measured on the shipped mix (README), cold was as fast or
-faster in all three side-by-side comparisons, so cold is the default. BD and BE cannot score the no-draft arm (it drafts nothing), so those
+faster in all three side-by-side comparisons on the default pool, so cold is the default there.
+UCB on the cost reward uses beta COST_BETA: that reward lies in [0, ~0.4] on real rounds (it
+divides by the (k + 1)-token ideal), so the paper's 0.5 for [0, 1] rewards explored costly arms
+for most of a request. BD and BE cannot score the no-draft arm (it drafts nothing), so those
 policies choose among the drafting arms only; the cost reward includes it.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
 
 import numpy as np
 
@@ -40,18 +45,20 @@ from policy.reward import BD, BE, COST
 from policy.sequential_halving import SequentialHalving
 from policy.sw_ucb import SlidingWindowUCB
 from policy.thompson import Thompson
-from policy.ucb import UCB
+from policy.ucb import UCB, UCBConfig
 
 DEFAULT_POLICY = "metasd-ucb-cost"
 PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: see README)
+PRIOR_WEIGHT_PULLED = 32.0  # ... with -cf, each arm not observed for free (measured: see README)
+COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: see README)
 AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
 ALL = 0  # width: every drafting arm
 _SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto))?(?P<cf>-cf)?(?P<warm>-warm)?$")
 
-_POLICIES: dict[str, tuple[type[Bandit], str]] = {
+_POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
     "metasd-ucb-be": (UCB, BE),
-    "metasd-ucb-cost": (UCB, COST),
+    "metasd-ucb-cost": (partial(UCB, config=UCBConfig(beta=COST_BETA)), COST),
     "exp3": (EXP3, BD),
     "thompson": (Thompson, BD),
     "sh": (SequentialHalving, BD),
@@ -75,9 +82,14 @@ class PolicySpec:
     auto_width: bool = False  # width chosen each round (up to AUTO_MAX_WIDTH)
     counterfactual: bool = False
 
-    def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator) -> Bandit:
-        weight = PRIOR_WEIGHT if self.warm_start else 0.0
-        return self.factory(list(self.arms), rng, prior if self.warm_start else None, weight)
+    def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator,
+             observed_free: Collection[str] = ()) -> Bandit:
+        """`observed_free`: the arms a -cf policy scores every round without pulling them."""
+        if not self.warm_start:
+            return self.factory(list(self.arms), rng, None, 0.0)
+        weights = {arm: PRIOR_WEIGHT if not self.counterfactual or arm in observed_free else PRIOR_WEIGHT_PULLED
+                   for arm in self.arms}
+        return self.factory(list(self.arms), rng, prior, weights)
 
 
 def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:

@@ -43,8 +43,8 @@ class SequentialHalving(Bandit):
         survivors = [a for a in self.survivors if a != arm] or list(self.stats)
         self._start_phase(survivors)
 
-    def update(self, arm: str, reward: float) -> None:
-        super().update(arm, reward)
+    def update(self, arm: str, reward: float, pulled: bool = True, weight: float = 1.0) -> None:
+        super().update(arm, reward, pulled, weight)
         if arm in self.phase_stats:
             self.phase_stats[arm].add(float(reward))
         if len(self.survivors) > 1 and all(s.pulls >= self.pulls_per_arm for s in self.phase_stats.values()):

@@ -32,8 +32,8 @@ class SlidingWindowUCB(Bandit):
         self.config = config
         self.recent: deque[tuple[str, float]] = deque(maxlen=config.window)
 
-    def update(self, arm: str, reward: float) -> None:
-        super().update(arm, reward)
+    def update(self, arm: str, reward: float, pulled: bool = True, weight: float = 1.0) -> None:
+        super().update(arm, reward, pulled, weight)
         self.recent.append((arm, float(reward)))
 
     def select(self, n: int = 1) -> list[str]:

@@ -125,3 +125,14 @@ def test_policy_names_take_width_counterfactual_and_warm_suffixes_in_that_order(
     for bad in ("metasd-ucb-m0", "metasd-ucb-warm-m2", "metasd-ucb-mmany", "metasd-ucb-cf-m2"):
         with pytest.raises(InvalidRequestError, match="policy"):
             parse_policy(bad, pool)
+
+
+def test_rounds_weighted_by_their_duration_make_an_arms_mean_its_throughput_not_its_mean_rate():
+    """An arm whose rounds are either cheap and short or slow and long: the mean of its rounds'
+    rates flatters it; weighted by duration, its mean is Σ tokens / Σ seconds."""
+    rounds = [(1.0, 1.0), (2.0, 8.0)]  # (tokens, seconds): 1 token in 1 s, then 2 tokens in 8 s
+    bandit = UCB(["mixed"], np.random.default_rng(0))
+    for tokens, seconds in rounds:
+        bandit.update("mixed", tokens / seconds, weight=seconds)
+    assert bandit.stats["mixed"].mean == pytest.approx(3 / 9)  # not (1 + 0.25) / 2
+    assert bandit.t == pytest.approx(9.0)

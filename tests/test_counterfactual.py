@@ -1,0 +1,132 @@
+"""Shadow drafts (`-cf`) are scored against the output as later rounds commit it, not cut at the
+round they were drafted in; the no-draft arm is scored for free; free observations do not
+inflate the exploration bonus."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from actors.no_draft import NO_DRAFT
+from actors.pool import build_drafters
+from actors.proposal import Proposal
+from deploy.counterfactual import CounterfactualScorer
+from deploy.engine import SpeculativeEngine
+from deploy.sampling import SamplingParams
+from policy.bandit import ArmStats
+from policy.coordinator import PLAIN_ROUND, Coordinator, DraftRound
+from policy.registry import PRIOR_WEIGHT, PRIOR_WEIGHT_PULLED, parse_policy
+from policy.ucb import UCB
+from tests.conftest import CHAT_PROMPTS
+
+UNIFORM = torch.full((10,), 0.1)
+
+
+def test_a_shadow_longer_than_its_rounds_output_is_followed_into_the_next_rounds():
+    scorer = CounterfactualScorer(with_overlaps=False)
+    assert scorer.add([Proposal("free", (5, 6, 7, 8))], start=100) == []
+    assert scorer.observe(100, [5, 6], lambda i: UNIFORM) == []  # the chosen draft got 1 accepted + a bonus
+    (final,) = scorer.observe(102, [7, 9, 1], lambda i: UNIFORM)
+    assert (final.matched, final.done) == (3, True)
+    assert scorer.open == []
+
+
+def test_a_shadow_that_matches_entirely_is_final_as_soon_as_its_last_token_is_committed():
+    scorer = CounterfactualScorer(with_overlaps=False)
+    scorer.add([Proposal("free", (1, 2))], start=0)
+    (final,) = scorer.observe(0, [1, 2, 3], lambda i: UNIFORM)
+    assert final.matched == 2
+
+
+def test_bd_terms_cover_the_matched_tokens_and_the_first_mismatch_only():
+    probs = [torch.tensor([0.1, 0.6, 0.3]), torch.tensor([0.5, 0.2, 0.3]), torch.tensor([0.2, 0.2, 0.6])]
+    scorer = CounterfactualScorer(with_overlaps=True)
+    scorer.add([Proposal("free", (1, 2, 2))], start=10)  # matches 1, then drafts 2 where the output has 0
+    (final,) = scorer.observe(10, [1, 0, 2], lambda i: probs[i])
+    assert final.matched == 1
+    assert final.overlaps == pytest.approx([0.6, 0.3])  # point mass: p(x) at each scored position
+
+
+def test_empty_shadows_are_final_at_once_and_open_ones_at_the_end_of_the_request():
+    scorer = CounterfactualScorer(with_overlaps=False)
+    (empty,) = scorer.add([Proposal("free"), Proposal("other", (4, 4))], start=0)
+    assert (empty.proposal.drafter, empty.matched) == ("free", 0)
+    scorer.observe(0, [4], lambda i: UNIFORM)
+    (last,) = scorer.finish()
+    assert (last.proposal.drafter, last.matched) == ("other", 1)
+
+
+class ScriptedCoordinator:
+    """Verifies a wrong draft every round and shadows the target's true continuation."""
+
+    reward_kind = "cost"
+
+    def __init__(self, truth: list[int], vocab_size: int) -> None:
+        self.truth, self.vocab_size = truth, vocab_size
+        self.context = 0
+        self.feedback = []
+
+    def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
+        self.context += len(new_tokens)
+        if feedback is not None:
+            self.feedback += feedback.drafts
+        if k <= 0:
+            return PLAIN_ROUND
+        truth = tuple(self.truth[self.context : self.context + k])
+        wrong = tuple((t + 1) % self.vocab_size for t in truth)
+        return DraftRound((Proposal("wrong", wrong),), (Proposal("oracle", truth),))
+
+    def finish(self, request_id, new_tokens=(), feedback=None) -> None:
+        if feedback is not None:
+            self.feedback += feedback.drafts
+
+
+def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_although_the_verified_draft_fails(target):
+    greedy = SamplingParams(max_tokens=24)
+    prompt = target.encode(messages=CHAT_PROMPTS[1])
+    plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
+    scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size)
+    result = SpeculativeEngine(target, coordinator=scripted, k=4).run(prompt, greedy)
+    assert result.token_ids == plain.token_ids  # every verified draft fails: one token a round
+    oracle = [f for f in scripted.feedback if f.drafter == "oracle"]
+    wrong = [f for f in scripted.feedback if f.drafter == "wrong"]
+    assert all(f.counterfactual for f in oracle) and not any(f.counterfactual for f in wrong)
+    assert len(oracle) == len(wrong) == sum(1 for r in result.rounds if r.drafted) > 5
+    assert all(f.accepted == f.drafted for f in oracle) and sum(f.drafted for f in oracle) > len(oracle)
+    assert all(f.accepted == 0 for f in wrong)
+    assert np.mean([f.reward for f in oracle]) > 1.5 * np.mean([f.reward for f in wrong])
+    # each cost reward counts with its round's duration in plain steps: reward x weight = tokens / (k + 1)
+    assert [f.reward * f.weight * 5 for f in scripted.feedback] == pytest.approx([f.accepted + 1 for f in scripted.feedback])
+
+
+def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():
+    pool = build_drafters(["ngram", NO_DRAFT])
+    cost = Coordinator(pool, "metasd-ucb-cost-cf")
+    chosen = cost.select("r", [1, 2, 3], None, 4)
+    assert sorted(chosen.arms + chosen.shadows) == sorted(["ngram", NO_DRAFT])
+    bd = Coordinator(pool, "metasd-ucb-cf")
+    assert bd.select("r", [1, 2, 3], None, 4).shadows == ()  # BD cannot score drafting nothing
+
+
+def test_counterfactual_observations_teach_the_arm_without_counting_as_pulls():
+    bandit = UCB(["model", "free"], np.random.default_rng(0))
+    bandit.update("model", 0.5)
+    for _ in range(50):
+        bandit.update("free", 0.5, pulled=False)
+    assert bandit.t == 1 and bandit.stats["free"].pulls == 50
+    assert bandit.index("model") == pytest.approx(0.5 + 0.5 * math.sqrt(2 * math.log(1.0) / 1))
+
+
+def test_a_counterfactual_warm_start_leans_harder_on_global_statistics_for_the_arms_it_must_pull():
+    prior = {"ngram": ArmStats(100, 30.0), "distill-code": ArmStats(100, 10.0), NO_DRAFT: ArmStats(100, 12.5)}
+    arms = list(prior)
+    warm_cf = parse_policy("metasd-ucb-cost-cf-warm", arms).make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
+    assert {a: s.pulls for a, s in warm_cf.stats.items()} == {
+        "ngram": PRIOR_WEIGHT, "distill-code": PRIOR_WEIGHT_PULLED, NO_DRAFT: PRIOR_WEIGHT}
+    assert warm_cf.stats["distill-code"].mean == pytest.approx(0.1)
+    warm = parse_policy("metasd-ucb-cost-warm", arms).make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
+    assert {s.pulls for s in warm.stats.values()} == {PRIOR_WEIGHT}
+    cold = parse_policy("metasd-ucb-cost-cf", arms).make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
+    assert {s.pulls for s in cold.stats.values()} == {0}
