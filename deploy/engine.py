@@ -122,11 +122,11 @@ class SpeculativeEngine:
         self.padded_size = list(range(self.max_positions + 1))
         if max_padding and not only_plain:
             self.padded_size = [target.padded_length(n, self.max_positions) for n in self.padded_size]
-        self.plain_step_s = 0.0 if only_plain else target.plain_step_s()
         # verify_s_by_size[n]: seconds of a one-draft verification over a forward of n positions
-        # (the target's profile at first, then a running mean of the rounds seen): what a shadow
-        # draft of that size would have cost to verify
-        self.verify_s_by_size = [0.0] + ([] if only_plain else list(target.forward_profile(self.max_positions)))
+        # (the target's profile at first, then a running mean of the rounds seen; 1 = a plain
+        # step): what the cost reward compares with, and what a shadow draft would have cost
+        self.verify_s_by_size = [0.0] * (self.max_positions + 1) if only_plain else [
+            0.0, *target.forward_profile(self.max_positions)]
 
     def generate(
         self,
@@ -163,9 +163,9 @@ class SpeculativeEngine:
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
                 start = time.perf_counter()
-                emitted_ids, drafted, scores, branch = self._verify(cache, tokens, draft_round, sampling, generator)
+                emitted_ids, drafted, scores, branch, chain_size = self._verify(cache, tokens, draft_round, sampling, generator)
                 verify_s = time.perf_counter() - start
-                self._track_verify_cost(draft_round, drafted, verify_s)
+                self._track_verify_cost(chain_size, verify_s)
                 accepted = len(emitted_ids) - 1
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
                 overhead_s = max(0.0, draft_s - sum(p.draft_s for p in draft_round.proposals + draft_round.shadows))
@@ -186,10 +186,9 @@ class SpeculativeEngine:
                     on_tokens(output[before:])
         finally:
             committed = list(prompt_ids) + output
-            last = [self._counterfactual(s) for s in shadows.finish()]
+            last = tuple(self._counterfactual(s) for s in shadows.finish())
             if last:
-                feedback = RoundFeedback((feedback.drafts if feedback else ()) + tuple(last),
-                                         feedback.width if feedback else 0, feedback.round_reward if feedback else 0.0)
+                feedback = replace(feedback, drafts=feedback.drafts + last) if feedback else RoundFeedback(last, width=0)
             self.coordinator.finish(request_id, committed[sent:], feedback)
         text = self.target.decode(output)
         cuts = [cut for cut in (text.find(stop) for stop in sampling.stop) if cut >= 0]
@@ -201,11 +200,12 @@ class SpeculativeEngine:
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator
-    ) -> tuple[tuple[int, ...], int, list[tuple[int, tuple[float, ...]]], tuple[torch.Tensor, list[int]]]:
+    ) -> tuple[tuple[int, ...], int, list[tuple[int, tuple[float, ...]]], tuple[torch.Tensor, list[int]], int]:
         """Verify the round's drafts in one target forward and keep the cache on the accepted path.
 
         -> (emitted tokens, positions verified, per proposal (its accepted tokens, its BD overlaps),
-        (the forward's logits, the rows of the accepted branch) for counterfactual scoring).
+        (the forward's logits, the rows of the accepted branch) for counterfactual scoring,
+        the forward's size when it verified one draft or none (0 for a tree)).
         """
         with_overlaps = self.reward_kind == BD
         distinct = list({p.token_ids: p for p in reversed(draft_round.proposals) if p.token_ids}.values())[::-1]
@@ -223,7 +223,7 @@ class SpeculativeEngine:
                 else (result.accepted, result.overlaps if proposal.q is q or p is None else draft_overlaps(draft, proposal.q, p))
                 for proposal in draft_round.proposals
             ]
-            return result.token_ids, len(draft), scores, (logits, list(range(result.accepted + 1)))
+            return result.token_ids, len(draft), scores, (logits, list(range(result.accepted + 1))), len(positions)
         drafts = [p.token_ids for p in distinct]
         tree = DraftTree.build(drafts)
         positions = [tokens[-1], *tree.tokens]
@@ -241,7 +241,7 @@ class SpeculativeEngine:
             if proposal.token_ids else (0, ())
             for proposal in draft_round.proposals
         ]
-        return result.token_ids, tree.size, scores, (logits, [0] + [1 + node for node in result.nodes])
+        return result.token_ids, tree.size, scores, (logits, [0] + [1 + node for node in result.nodes]), 0
 
     def _feedback(self, proposal: Proposal, accepted: int, overlaps: Sequence[float], draft_s: float, verify_s: float,
                   counterfactual: bool = False) -> Feedback:
@@ -260,7 +260,7 @@ class SpeculativeEngine:
         overlaps = tuple(shadow.overlaps)
         if overlaps and shadow.matched < len(overlaps):  # a mismatch: the positions after it count 0
             overlaps += (0.0,) * (drafted - len(overlaps))
-        verify_s = self.verify_s_by_size[self.padded_size[drafted + 1]] if drafted else self.plain_step_s
+        verify_s = self.verify_s_by_size[self.padded_size[drafted + 1]]
         return self._feedback(proposal, shadow.matched, overlaps, proposal.draft_s, verify_s, counterfactual=True)
 
     @staticmethod
@@ -270,14 +270,15 @@ class SpeculativeEngine:
         logits, rows = branch
         return lambda i: warp_probs(logits[rows[i]], sampling)
 
-    def _track_verify_cost(self, draft_round: DraftRound, drafted: int, verify_s: float) -> None:
-        """Running means of a plain step's and of each one-draft forward size's verification time."""
-        if not drafted and self.plain_step_s:
-            self.plain_step_s = 0.9 * self.plain_step_s + 0.1 * verify_s
-        elif drafted and len({p.token_ids for p in draft_round.proposals if p.token_ids}) == 1:
-            size = self.padded_size[drafted + 1]
-            if size < len(self.verify_s_by_size):
-                self.verify_s_by_size[size] = 0.9 * self.verify_s_by_size[size] + 0.1 * verify_s
+    @property
+    def plain_step_s(self) -> float:
+        """Seconds of a plain target step (0 for a plain-decoding-only engine)."""
+        return self.verify_s_by_size[1]
+
+    def _track_verify_cost(self, chain_size: int, verify_s: float) -> None:
+        """Running mean of the verification time of a one-draft (or plain) forward of that size."""
+        if chain_size and self.verify_s_by_size[chain_size]:
+            self.verify_s_by_size[chain_size] = 0.9 * self.verify_s_by_size[chain_size] + 0.1 * verify_s
 
     def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:
         """Append a round's tokens to the output, honouring EOS, max_tokens and stop strings."""
