@@ -1,8 +1,9 @@
 """Prompt lookup (n-gram) drafter: continue the request's own context where its tail occurred before.
 
-For n from max_n down to min_n, find earlier occurrences of the last n context tokens; take the
-most recent one that is followed by a full k tokens (else the one with the longest continuation)
-and propose what followed it. Model-free, so q is a point mass. Matching is vectorised with numpy.
+For the longest n in min_n..max_n whose last n context tokens occurred before, take the most recent
+earlier occurrence that is followed by a full k tokens (else the one with the longest continuation)
+and propose what followed it. Model-free, so q is a point mass. One vectorised pass over the
+context finds every tail length at once (the occurrences of the last token, narrowed backwards).
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from actors.proposal import Proposal
 from actors.session import SessionStore
@@ -20,25 +20,36 @@ from deploy.sampling import SamplingParams
 
 def lookup_continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:
     """context: [L] int. The up-to-k tokens that followed the latest earlier occurrence of context[-n:]."""
-    length = context.shape[0]
-    if length <= n or k <= 0:
-        return context[:0]
-    windows = sliding_window_view(context[:-1], n)  # starts 0 .. L-1-n, so a continuation exists
-    starts = np.flatnonzero((windows == context[-n:]).all(axis=1))
-    if starts.size == 0:
-        return context[:0]
-    full = starts[starts + n + k <= length]
-    start = int(full[-1]) if full.size else int(starts[0])
-    return context[start + n : start + n + k]
+    return _lookup(context, n, n, k)
 
 
 def longest_lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[int, ...]:
     """The continuation of the longest tail (max_n down to min_n tokens) that occurred earlier; () if none."""
-    for n in range(max_n, min_n - 1, -1):
-        found = lookup_continuation(context, n, k)
-        if found.size:
-            return tuple(int(t) for t in found)
-    return ()
+    return tuple(int(t) for t in _lookup(context, min_n, max_n, k))
+
+
+def _lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
+    """One pass for every tail length: the earlier positions holding the last token, narrowed to
+    those preceded by the tail's previous token, and so on, up to max_n tokens. Among the
+    occurrences of the longest tail found (>= min_n), the most recent with k tokens after it,
+    else the one with the longest continuation (the earliest)."""
+    length = context.shape[0]
+    if length < 2 or k <= 0:
+        return context[:0]
+    ends = np.flatnonzero(context[:-1] == context[-1])  # an occurrence's last position, each < L - 1
+    found = ends if min_n <= 1 else ends[:0]
+    for n in range(2, min(max_n, length - 1) + 1):
+        ends = ends[ends >= n - 1]
+        ends = ends[context[ends - (n - 1)] == context[length - n]]
+        if ends.size == 0:
+            break
+        if n >= min_n:
+            found = ends
+    if found.size == 0:
+        return context[:0]
+    full = found[found + 1 + k <= length]
+    end = int(full[-1]) if full.size else int(found[0])
+    return context[end + 1 : end + 1 + k]
 
 
 class NgramProposer:

@@ -3,8 +3,8 @@
 `TokenDatastore` holds a corpus as one token array (sequences separated by -1) and its suffixes
 sorted by their first `depth` tokens, stored as the sorted windows themselves ([N, depth]), so
 column j of any run of suffixes sharing j leading tokens is sorted and can be binary-searched.
-To draft: for m from max_match down to min_match, narrow the suffixes that start with the
-context's last m tokens (m binary searches); at the first m with matches, take the continuations
+To draft: find the longest m in min_match..max_match whose last m context tokens start some
+suffixes (a binary search over m, each probe m binary searches); take the continuations
 of up to `max_candidates` of them and follow the most frequent next token, k times (a
 separator ends the draft).
 
@@ -73,6 +73,20 @@ class TokenDatastore:
                 break
         return lo, hi
 
+    def longest_tail(self, context: Sequence[int], min_match: int, max_match: int) -> tuple[int, int, int]:
+        """(m, lo, hi): the longest tail of context, min_match..max_match tokens, that starts some
+        suffix, and its match_range; (0, 0, 0) if none. A binary search over m: whenever a tail
+        occurs, so does every shorter one (it starts a few positions later)."""
+        best, low, high = (0, 0, 0), min_match, min(max_match, len(context), self.depth)
+        while low <= high:
+            m = (low + high) // 2
+            lo, hi = self.match_range(context[len(context) - m :])
+            if lo < hi:
+                best, low = (m, lo, hi), m + 1
+            else:
+                high = m - 1
+        return best
+
     def continuation(self, context: Sequence[int], k: int, min_match: int, max_match: int, max_candidates: int = 256) -> tuple[int, ...]:
         """The most frequent continuation (<= k tokens) after the longest matching tail of context."""
         return self.match(context, k, min_match, max_match, max_candidates)[0]
@@ -81,25 +95,23 @@ class TokenDatastore:
         """-> (continuation, length of the matched tail); ((), 0) when no tail of min_match tokens occurs."""
         if k <= 0:
             return (), 0
-        for m in range(min(max_match, len(context), self.depth), min_match - 1, -1):
-            lo, hi = self.match_range(context[len(context) - m :])
-            if lo == hi:
-                continue
-            starts = self.order[lo:hi]
-            if starts.shape[0] > max_candidates:  # an even spread over the matches
-                starts = starts[np.linspace(0, starts.shape[0] - 1, max_candidates).astype(np.int64)]
-            offsets = starts[:, None] + m + np.arange(k)[None, :]
-            follow = self.tokens[np.minimum(offsets, len(self) - 1)]  # [c, k]; the last token is a separator
-            draft: list[int] = []
-            for j in range(k):
-                values, counts = np.unique(follow[:, j], return_counts=True)
-                token = int(values[np.argmax(counts)])
-                if token == SEPARATOR:
-                    break
-                draft.append(token)
-                follow = follow[follow[:, j] == token]
-            return tuple(draft), m
-        return (), 0
+        m, lo, hi = self.longest_tail(context, min_match, max_match)
+        if not m:
+            return (), 0
+        starts = self.order[lo:hi]
+        if starts.shape[0] > max_candidates:  # an even spread over the matches
+            starts = starts[np.linspace(0, starts.shape[0] - 1, max_candidates).astype(np.int64)]
+        offsets = starts[:, None] + m + np.arange(k)[None, :]
+        follow = self.tokens[np.minimum(offsets, len(self) - 1)]  # [c, k]; the last token is a separator
+        draft: list[int] = []
+        for j in range(k):
+            values, counts = np.unique(follow[:, j], return_counts=True)
+            token = int(values[np.argmax(counts)])
+            if token == SEPARATOR:
+                break
+            draft.append(token)
+            follow = follow[follow[:, j] == token]
+        return tuple(draft), m
 
 
 class RetrievalProposer:

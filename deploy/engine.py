@@ -50,7 +50,15 @@ class RoundTrace:
     reward: float
     draft_s: float  # the coordinator call as the target saw it (selection, RPCs, drafting)
     verify_s: float
-    drafter_s: float = 0.0  # the drafter's own drafting time
+    drafter_s: float = 0.0  # the slowest drafter's own drafting time (chosen and shadow drafts)
+    drafting_sum_s: float = 0.0  # every drafter's own drafting time, summed
+
+    @property
+    def parallel_draft_s(self) -> float:
+        """The coordinator call had its drafters drafted in parallel, as drafter actors on their
+        own devices do: its overhead (selection, RPCs, merging) plus the slowest drafter. Equal to
+        draft_s for one drafter; in-process drafting pays their sum."""
+        return max(0.0, self.draft_s - self.drafting_sum_s) + self.drafter_s
 
 
 @dataclass(frozen=True)
@@ -167,8 +175,9 @@ class SpeculativeEngine:
                 verify_s = time.perf_counter() - start
                 self._track_verify_cost(chain_size, verify_s)
                 accepted = len(emitted_ids) - 1
+                own_s = [p.draft_s for p in draft_round.proposals + draft_round.shadows]  # each drafter's own time
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
-                overhead_s = max(0.0, draft_s - sum(p.draft_s for p in draft_round.proposals + draft_round.shadows))
+                overhead_s = max(0.0, draft_s - sum(own_s))
                 drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, verify_s)
                           for i, p in enumerate(draft_round.proposals)]
                 final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
@@ -181,7 +190,7 @@ class SpeculativeEngine:
                 tokens.extend(emitted_ids)
                 reward = max((f.reward for f in drafts if not f.counterfactual), default=0.0)
                 rounds.append(RoundTrace(draft_round.label, drafted, accepted, emitted, reward, draft_s, verify_s,
-                                         max((p.draft_s for p in draft_round.proposals), default=0.0)))
+                                         max(own_s, default=0.0), sum(own_s)))
                 if on_tokens is not None and emitted:
                     on_tokens(output[before:])
         finally:
@@ -214,7 +223,8 @@ class SpeculativeEngine:
             positions = [tokens[-1], *draft]
             if draft:  # extra positions only change speed; their K/V is cropped
                 positions += [draft[-1]] * (self.padded_size[len(positions)] - len(positions))
-            logits = self.target.forward(cache, positions, logits_for=len(draft) + 1)  # [d+1, V]
+            # every padded row's logits: the size was chosen by the cost of exactly that (see padded_length)
+            logits = self.target.forward(cache, positions)[: len(draft) + 1]  # [d+1, V]
             result = verify(draft, q, logits, sampling, generator, with_overlaps=with_overlaps)
             self.target.crop(cache, len(tokens) + result.accepted)
             p = warp_probs(logits[: len(draft)], sampling) if with_overlaps and len(draft_round.proposals) > 1 else None
@@ -231,7 +241,7 @@ class SpeculativeEngine:
         if len(positions) < len(self.padded_size):  # padding attends to the prefix only; cropped below
             padding = self.padded_size[len(positions)] - len(positions)
             positions, parents = positions + [tree.tokens[-1]] * padding, parents + [-1] * padding
-        logits = self.target.forward(cache, positions, logits_for=1 + tree.size, parents=parents)  # [1+n, V]
+        logits = self.target.forward(cache, positions, parents=parents)[: 1 + tree.size]  # [1+n, V]
         result = verify_tree(tree, [p.q for p in distinct], drafts, logits, sampling, generator)
         self.target.keep(cache, len(tokens), [len(tokens) + node for node in result.nodes])
         p = warp_probs(logits, sampling) if with_overlaps else None  # [1+n, V]

@@ -29,7 +29,7 @@ class ServiceMetrics:
         self.verify_s = Histogram("specfleet:verify_seconds", "Target forward + verification",
                                   buckets=_LATENCY_BUCKETS, registry=r)
         self.overhead_s = Histogram("specfleet:coordinator_overhead_seconds",
-                                    "Round trip minus the drafter's own drafting time",
+                                    "Round trip minus the slowest drafter's own drafting time",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("specfleet:time_to_first_token_seconds", "Time to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)

@@ -135,11 +135,13 @@ class TargetModel:
         crop_cache(cache, start + len(positions))
 
     def forward_profile(self, max_positions: int, context: int = 128, repeats: int = 4) -> list[float]:
-        """Median seconds of a forward over 1..max_positions new positions (index 0 = 1 position).
+        """Median seconds of a verification forward over 1..max_positions new positions, logits for
+        each of them (index 0 = 1 position).
 
         Measured once per target and size on a `context`-token cache (each size warmed up first)
-        and cached. On CPU the cost is far from monotonic (MKL picks different kernels: here 2 or
-        3 positions cost more than 5), which `padded_length` exploits.
+        and cached. On CPU the cost is far from monotonic in the positions and, more so, in the
+        vocabulary projection's rows (MKL picks different kernels: here 2 or 3 rows cost more than
+        4, 7 more than 8), which `padded_length` exploits: a padded forward keeps every row's logits.
         """
         missing = list(range(len(self._profile) + 1, max_positions + 1))
         if missing:
@@ -149,7 +151,7 @@ class TargetModel:
             for round_index in range(repeats + 1):
                 for m in missing:
                     start = time.perf_counter()
-                    self.forward(cache, list(range(1, m + 1)), logits_for=1)  # the body's cost; lm_head rows are paid per draft token anyway
+                    self.forward(cache, list(range(1, m + 1)), logits_for=m)
                     if round_index:  # round 0 only warms each size up
                         times[m].append(time.perf_counter() - start)
                     self.crop(cache, context)

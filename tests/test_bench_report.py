@@ -104,6 +104,21 @@ def test_a_cost_profile_re_times_each_round_by_its_verified_positions(tmp_path):
         CostProfile.load(path)
 
 
+def test_a_profiled_round_charges_its_drafters_in_parallel_as_actors_on_their_own_devices(tmp_path):
+    import json
+
+    from deploy.bench.cost_profile import CostProfile
+    from deploy.engine import GenerationResult, RoundTrace
+
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.02, "chain": {"1": 1.0, "8": 1.0}}))
+    # one round: a 4 ms coordinator call in which three drafters drafted for 1 + 1 + 1.5 ms in turn
+    round_ = RoundTrace("ngram", 7, 3, 4, 0.5, draft_s=0.004, verify_s=0.03, drafter_s=0.0015, drafting_sum_s=0.0035)
+    assert round_.parallel_draft_s == pytest.approx(0.0005 + 0.0015)
+    sample = Sample.from_result(GenerationResult("", [1, 2, 3, 4], "length", 3, [round_]), 0.1, CostProfile.load(path))
+    assert sample.profiled_s == pytest.approx(0.02 * 2 + 0.002)
+
+
 def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
     def timed(seconds, profiled):
         return [(p, Sample(AR_IDS[p.id], seconds, 2, {}, 0.0, 0.1, profiled_s=profiled)) for p in PROMPTS]

@@ -76,7 +76,7 @@ class ScriptedCoordinator:
             return PLAIN_ROUND
         truth = tuple(self.truth[self.context : self.context + k])
         wrong = tuple((t + 1) % self.vocab_size for t in truth)
-        return DraftRound((Proposal("wrong", wrong),), (Proposal("oracle", truth),))
+        return DraftRound((Proposal("wrong", wrong, draft_s=0.002),), (Proposal("oracle", truth, draft_s=0.003),))
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         if feedback is not None:
@@ -99,6 +99,10 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     assert np.mean([f.reward for f in oracle]) > 1.5 * np.mean([f.reward for f in wrong])
     # each cost reward counts with its round's duration in plain steps: reward x weight = tokens / (k + 1)
     assert [f.reward * f.weight * 5 for f in scripted.feedback] == pytest.approx([f.accepted + 1 for f in scripted.feedback])
+    # the trace counts the shadow's drafting too: the slowest drafter, and the sum in-process drafting paid
+    drafted = [r for r in result.rounds if r.drafted]
+    assert all(r.drafter_s == 0.003 and r.drafting_sum_s == pytest.approx(0.005) for r in drafted)
+    assert all(r.parallel_draft_s == pytest.approx(0.003, abs=1e-3) for r in drafted)
 
 
 def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from actors.hierarchy import HierarchyProposer
-from actors.ngram import NgramProposer, lookup_continuation
+from actors.ngram import NgramProposer, longest_lookup, lookup_continuation
 from actors.no_draft import NoDraftProposer
 from actors.suffix import SuffixProposer, SuffixTrie
 from deploy.errors import InvalidRequestError
@@ -24,6 +24,28 @@ def test_lookup_falls_back_to_the_longest_continuation_when_none_is_full():
 
 def test_lookup_without_an_earlier_occurrence_is_empty():
     assert lookup_continuation(np.array([1, 2, 3, 4]), n=2, k=3).size == 0
+
+
+def brute_force_lookup(context: list[int], min_n: int, max_n: int, k: int) -> tuple[int, ...]:
+    """The definition, position by position: the longest tail that occurred earlier; its latest
+    occurrence with k tokens after it, else its earliest."""
+    length = len(context)
+    for n in range(max_n, min_n - 1, -1):
+        starts = [s for s in range(length - n) if context[s : s + n] == context[length - n :]]
+        if starts:
+            full = [s for s in starts if s + n + k <= length]
+            start = full[-1] if full else starts[0]
+            return tuple(context[start + n : start + n + k])
+    return ()
+
+
+def test_one_pass_lookup_agrees_with_the_brute_force_definition_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        context = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 40))).tolist()
+        min_n = int(rng.integers(1, 4))
+        max_n, k = min_n + int(rng.integers(0, 4)), int(rng.integers(1, 8))
+        assert longest_lookup(np.array(context), min_n, max_n, k) == brute_force_lookup(context, min_n, max_n, k)
 
 
 def test_ngram_prefers_the_longest_matching_tail():

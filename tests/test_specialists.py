@@ -57,6 +57,18 @@ def test_datastore_match_range_finds_exactly_the_suffixes_that_start_with_the_pa
         assert found == expected
 
 
+def test_the_longest_matching_tail_is_the_one_trying_every_length_finds():
+    rng = np.random.default_rng(1)
+    store = TokenDatastore.build([rng.integers(0, 4, size=int(rng.integers(3, 30))).tolist() for _ in range(20)], depth=8)
+    for _ in range(300):
+        context = rng.integers(0, 5, size=int(rng.integers(1, 12))).tolist()
+        min_match, max_match = int(rng.integers(1, 4)), int(rng.integers(3, 10))
+        occurs = [m for m in range(min_match, min(max_match, len(context), 8) + 1)
+                  if len(range(*store.match_range(context[len(context) - m :])))]
+        longest = max(occurs, default=0)
+        assert store.longest_tail(context, min_match, max_match)[0] == longest
+
+
 def test_datastore_drafts_the_most_frequent_continuation_of_the_longest_match():
     store = TokenDatastore.build([[1, 2, 3, 4, 5], [9, 2, 3, 4, 7], [2, 3, 4, 5, 6]], depth=4)
     assert store.continuation([8, 2, 3, 4], k=1, min_match=1, max_match=4) == (5,)  # 5 follows 2 3 4 twice, 7 once

@@ -28,7 +28,7 @@ class Sample:
     def from_result(cls, result: GenerationResult, seconds: float, profile: CostProfile | None = None) -> "Sample":
         s = result.summary
         trace = tuple((r.drafter, r.drafted, r.accepted) for r in result.rounds)
-        profiled = profile.request_s([(r.drafted + 1, r.draft_s) for r in result.rounds]) if profile else None
+        profiled = profile.request_s([(r.drafted + 1, r.parallel_draft_s) for r in result.rounds]) if profile else None
         return cls(result.token_ids, seconds, s["rounds"], s["per_drafter"], s["draft_s"], s["verify_s"], trace, profiled)
 
     @classmethod
