@@ -176,8 +176,9 @@ class SpeculativeEngine:
                 self._track_verify_cost(chain_size, verify_s)
                 accepted = len(emitted_ids) - 1
                 own_s = [p.draft_s for p in draft_round.proposals + draft_round.shadows]  # each drafter's own time
+                drafting_s = sum(own_s)
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
-                overhead_s = max(0.0, draft_s - sum(own_s))
+                overhead_s = max(0.0, draft_s - drafting_s)
                 drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, verify_s)
                           for i, p in enumerate(draft_round.proposals)]
                 final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
@@ -190,7 +191,7 @@ class SpeculativeEngine:
                 tokens.extend(emitted_ids)
                 reward = max((f.reward for f in drafts if not f.counterfactual), default=0.0)
                 rounds.append(RoundTrace(draft_round.label, drafted, accepted, emitted, reward, draft_s, verify_s,
-                                         max(own_s, default=0.0), sum(own_s)))
+                                         max(own_s, default=0.0), drafting_s))
                 if on_tokens is not None and emitted:
                     on_tokens(output[before:])
         finally:

@@ -151,7 +151,7 @@ class TargetModel:
             for round_index in range(repeats + 1):
                 for m in missing:
                     start = time.perf_counter()
-                    self.forward(cache, list(range(1, m + 1)), logits_for=m)
+                    self.forward(cache, list(range(1, m + 1)))
                     if round_index:  # round 0 only warms each size up
                         times[m].append(time.perf_counter() - start)
                     self.crop(cache, context)

@@ -11,8 +11,9 @@ same lossless tokens, the same drafts and acceptances) as
 (1 = the prefill, ~one step on a GPU for these prompt lengths; a round verifies drafted + 1
 positions: a tree's nodes + its root). Drafting is charged as the service runs it, each drafter an
 actor on its own device: the coordinator call's own overhead plus the slowest of the round's
-drafters, chosen or shadow (`RoundTrace.parallel_draft_s`), not the in-process sum of them. Shipped: `deploy/bench/results/h200.verify_cost.json`,
-measured on one H200, where a forward over 29 positions costs ~1.1-1.3 plain steps.
+drafters, chosen or shadow (`RoundTrace.parallel_draft_s`), not the in-process sum of them.
+Shipped: `deploy/bench/results/h200.verify_cost.json`, measured on one H200, where a forward over
+29 positions costs ~1.1-1.3 plain steps.
 """
 from __future__ import annotations
 
