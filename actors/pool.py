@@ -77,7 +77,7 @@ def build_drafters(
                 raise InvalidRequestError("drafters", "'hf' needs a draft model (--draft-model)")
             pool[name] = HFModelProposer(draft_model, name="hf", target_vocab_size=target_vocab_size)
         elif name == "hierarchy":
-            sources: list[Proposer] = [NgramProposer(name="hierarchy.ngram"), SuffixProposer(name="hierarchy.suffix", min_match=4)]
+            sources: list[Proposer] = [NgramProposer(name="hierarchy.ngram", min_n=2), SuffixProposer(name="hierarchy.suffix", min_match=4)]
             if draft_model is not None:
                 sources.append(HFModelProposer(draft_model, name="hierarchy.hf", target_vocab_size=target_vocab_size))
             pool[name] = HierarchyProposer(sources)
@@ -98,4 +98,4 @@ def _specialist(name: str, target_vocab_size: int | None) -> Proposer:
         return RetrievalProposer(TokenDatastore.load(path), name=name)
     model = HFModelProposer(load_distilled(path, default_device()), name=f"{name}.model", target_vocab_size=target_vocab_size,
                             min_confidence=DISTILL_MIN_CONFIDENCE)
-    return HierarchyProposer([NgramProposer(name=f"{name}.context"), model], name=name)
+    return HierarchyProposer([NgramProposer(name=f"{name}.context", min_n=2), model], name=name)

@@ -17,7 +17,7 @@ ask every round and score counterfactually (policy/coordinator.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from deploy.sampling import SamplingParams
@@ -37,10 +37,17 @@ class Proposal:
     token_ids: tuple[int, ...] = ()
     q: tuple[SparseDist, ...] | None = None  # None = point mass on each drafted token
     draft_s: float = 0.0
+    match_length: int = 0  # context tokens the draft's source matched (n-gram tail, datastore tail); 0 = unknown
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):
             raise ValueError("q must have one distribution per drafted token")
+
+    def cut(self, length: int) -> "Proposal":
+        """The draft's first `length` tokens (with their q): itself a draft, so verifying it is lossless."""
+        if length >= len(self.token_ids):
+            return self
+        return replace(self, token_ids=self.token_ids[:length], q=None if self.q is None else self.q[:length])
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.ngram import longest_lookup
+from actors.ngram import matched_lookup
 from actors.proposal import Proposal
 from actors.session import SessionStore
 from deploy.errors import InvalidRequestError
@@ -132,8 +132,10 @@ class RetrievalProposer:
         if self.context_n is not None and matched <= self.context_n[1]:
             # a context match at least as long as the datastore's wins
             context = np.asarray(tokens, dtype=np.int64)
-            draft = longest_lookup(context, max(self.context_n[0], matched), self.context_n[1], k) or draft
-        return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start)
+            in_context, n = matched_lookup(context, max(self.context_n[0], matched), self.context_n[1], k)
+            if in_context:
+                draft, matched = in_context, n
+        return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start, match_length=matched)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.sessions.pop(session)

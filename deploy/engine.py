@@ -2,7 +2,8 @@
 
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
 go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
-one target forward verifies them. One draft: the forward runs over [last token, draft], gives p
+one target forward verifies them, each draft first cut to the length whose expected yield pays
+for its forward (deploy/draft_length.py). One draft: the forward runs over [last token, draft], gives p
 for every draft position plus the bonus position, `verify` accepts losslessly and the KV cache is
 cropped to the accepted path. Several distinct drafts: they are merged into a token tree
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
@@ -28,6 +29,7 @@ import torch
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
 from deploy.counterfactual import CounterfactualScorer, ShadowScore
+from deploy.draft_length import DraftLengths
 from deploy.draft_tree import ROOT, DraftTree
 from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams, warp_probs
@@ -112,12 +114,16 @@ class SpeculativeEngine:
         seed: int = 0,
         max_padding: int = 4,
         coordinator: Coordinator | None = None,
+        cut_drafts: bool = True,
     ) -> None:
+        """cut_drafts: verify only as much of each draft as pays for its forward (deploy/draft_length.py);
+        False verifies every drafted token. A sampled request with a seed always verifies whole
+        drafts: the cut depends on measured times, and its output must depend on the seed alone."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
             raise ValueError("give drafters (a local coordinator is built) or a coordinator, not both")
-        self.target, self.k = target, k
+        self.target, self.k, self.cut_drafts = target, k, cut_drafts
         self.coordinator = coordinator if coordinator is not None else Coordinator(drafters, policy, seed)
         self.reward_kind = self.coordinator.reward_kind
         self._seeds = np.random.default_rng(seed)
@@ -135,6 +141,8 @@ class SpeculativeEngine:
         # step): what the cost reward compares with, and what a shadow draft would have cost
         self.verify_s_by_size = [0.0] * (self.max_positions + 1) if only_plain else [
             0.0, *target.forward_profile(self.max_positions)]
+        # how many of each draft's tokens to verify, learned from the verifications (deploy/draft_length.py)
+        self.draft_lengths = DraftLengths(lambda n: self.verify_s_by_size[self.padded_size[n]], lambda n: self.padded_size[n], k)
 
     def generate(
         self,
@@ -162,12 +170,15 @@ class SpeculativeEngine:
         rounds: list[RoundTrace] = []
         feedback: RoundFeedback | None = None
         shadows = CounterfactualScorer(with_overlaps=self.reward_kind == BD)
+        cutting = self.cut_drafts and self.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
         finish: str | None = None
         try:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
                 start = time.perf_counter()
                 draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
+                if cutting:
+                    draft_round = self._cut(draft_round)
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
                 start = time.perf_counter()
@@ -175,6 +186,8 @@ class SpeculativeEngine:
                 verify_s = time.perf_counter() - start
                 self._track_verify_cost(chain_size, verify_s)
                 accepted = len(emitted_ids) - 1
+                for proposal, (proposal_accepted, _) in zip(draft_round.proposals, scores):
+                    self.draft_lengths.observe(proposal, proposal_accepted)
                 own_s = [p.draft_s for p in draft_round.proposals + draft_round.shadows]  # each drafter's own time
                 drafting_s = sum(own_s)
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
@@ -207,6 +220,11 @@ class SpeculativeEngine:
             while output and any(stop in self.target.decode(output[:-1]) for stop in sampling.stop):
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
+
+    def _cut(self, draft_round: DraftRound) -> DraftRound:
+        """Each draft (chosen or shadow) cut to the length worth verifying (deploy/draft_length.py)."""
+        return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
+                       shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator

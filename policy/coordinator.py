@@ -38,7 +38,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -176,8 +176,7 @@ class Coordinator:
     @staticmethod
     def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
         """The drafter's proposal under the arm's name, at most k tokens."""
-        q = proposal.q[:k] if proposal.q is not None else None
-        return Proposal(arm, proposal.token_ids[:k], q, proposal.draft_s)
+        return replace(proposal.cut(k), drafter=arm)
 
     def propose(
         self,

@@ -88,7 +88,7 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     prompt = target.encode(messages=CHAT_PROMPTS[1])
     plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
     scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size)
-    result = SpeculativeEngine(target, coordinator=scripted, k=4).run(prompt, greedy)
+    result = SpeculativeEngine(target, coordinator=scripted, k=4, cut_drafts=False).run(prompt, greedy)
     assert result.token_ids == plain.token_ids  # every verified draft fails: one token a round
     oracle = [f for f in scripted.feedback if f.drafter == "oracle"]
     wrong = [f for f in scripted.feedback if f.drafter == "wrong"]

@@ -34,7 +34,8 @@ def assert_matches_plain(engine, plain):
 @pytest.mark.parametrize("drafter", ["ngram", "suffix", "hierarchy", "hf"])
 def test_every_drafter_reproduces_plain_greedy_decoding(target, early_exit_drafter_model, plain, drafter):
     drafters = build_drafters([drafter], early_exit_drafter_model, target.vocab_size)
-    last = assert_matches_plain(SpeculativeEngine(target, drafters, policy=f"fixed:{drafter}"), plain)
+    # every drafted token verified, so each drafter's whole drafts go through verification
+    last = assert_matches_plain(SpeculativeEngine(target, drafters, policy=f"fixed:{drafter}", cut_drafts=False), plain)
     assert last.summary["num_accepted_draft_tokens"] > 0  # the drafter really drafted and was verified
 
 
@@ -110,3 +111,13 @@ def test_a_model_drafter_crops_its_cache_to_the_accepted_prefix(target, early_ex
     drafter.propose("r", [first.token_ids[0], 7], 4, GREEDY)
     assert state.cached[: len(prompt) + 2] == prompt + [first.token_ids[0], 7]
     assert state.cache.get_seq_length() == len(state.cached)
+
+
+def test_greedy_drafts_are_cut_to_the_rules_length_and_stay_lossless_while_seeded_sampling_verifies_them_whole(target, plain):
+    engine = SpeculativeEngine(target, build_drafters(["ngram"]), policy="fixed:ngram")
+    engine.draft_lengths.best_length = lambda proposal: min(1, len(proposal.token_ids))
+    greedy = engine.generate(messages=CHAT_PROMPTS[0], sampling=GREEDY)
+    assert greedy.token_ids == plain[0].token_ids
+    assert max(r.drafted for r in greedy.rounds) == 1
+    seeded = engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.5, seed=3))
+    assert max(r.drafted for r in seeded.rounds) > 1

@@ -136,3 +136,10 @@ def test_the_session_store_is_bounded_in_count():
     for name in ("a", "b", "c"):
         store.extend(name, [1])
     assert len(store) == 2 and store.pop("a") is None
+
+
+def test_prompt_lookup_reports_the_length_of_the_tail_it_matched():
+    drafter = NgramProposer(min_n=1, max_n=4)
+    assert drafter.propose("s", [1, 2, 3, 9, 2, 3], k=2, sampling=GREEDY).match_length == 2
+    assert drafter.propose("t", [5, 6, 7, 8, 9, 7], k=2, sampling=GREEDY).match_length == 1
+    assert drafter.propose("u", [5, 6, 7], k=2, sampling=GREEDY).match_length == 0

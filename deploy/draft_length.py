@@ -1,0 +1,74 @@
+"""Cost-aware draft length: how many of a draft's tokens are worth a verification.
+
+Verifying more positions costs a larger target forward; on CPU that cost is far from flat (here a
+forward over 2 positions costs what 1 does, 4 cost 1.3 plain steps, 8 cost 2). A drafter's late
+tokens are worth verifying only while their expected yield pays for the larger forward.
+
+`DraftLengths` learns, per (drafter, match length) — the length of context the drafter's source
+matched, its evidence (actors/proposal.py; 0 when a drafter does not say) — how often draft position
+i was reached (every earlier drafted token accepted) and accepted, over every verified draft.
+A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
+
+    a_i = (accepted_i + PRIOR * WEIGHT) / (reached_i + WEIGHT)
+    E[emitted | l] = 1 + sum_{i=1..l} prod_{j<=i} a_j
+    l* = argmax_l E[emitted | l] / cost(l + 1)       (cost(1): a plain step)
+
+then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
+the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
+with its q, is a draft. The statistics are shared by every request of the engine; concurrent
+updates may rarely lose one count, which only slows the learning.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from actors.proposal import Proposal
+
+PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
+WEIGHT = 2.0  # pseudo-counts behind PRIOR
+MAX_MATCH_KEY = 8  # longer matches share one row of statistics
+
+
+class DraftLengths:
+    def __init__(self, cost_s: Callable[[int], float], forward_size: Callable[[int], int], max_k: int) -> None:
+        """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
+        forward_size(n): the padded size the engine runs for n positions."""
+        self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
+        self._reached: dict[tuple[str, int], np.ndarray] = {}
+        self._accepted: dict[tuple[str, int], np.ndarray] = {}
+
+    def _rows(self, proposal: Proposal) -> tuple[np.ndarray, np.ndarray]:
+        key = (proposal.drafter, min(proposal.match_length, MAX_MATCH_KEY))
+        if key not in self._reached:
+            self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
+        return self._reached[key], self._accepted[key]
+
+    def acceptance(self, proposal: Proposal) -> np.ndarray:
+        """a_i for the draft's positions i = 1..len(draft) (index 0 = position 1)."""
+        reached, accepted = self._rows(proposal)
+        n = min(len(proposal.token_ids), self.max_k)
+        return (accepted[:n] + PRIOR * WEIGHT) / (reached[:n] + WEIGHT)
+
+    def best_length(self, proposal: Proposal) -> int:
+        """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
+        n = min(len(proposal.token_ids), self.max_k)
+        if n == 0:
+            return 0
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(proposal)))])  # l = 0..n
+        rates = [expected[l] / self.cost_s(l + 1) for l in range(n + 1)]
+        best = int(np.argmax(rates))
+        return min(n, self.forward_size(best + 1) - 1) if best else 0
+
+    def cut(self, proposal: Proposal) -> Proposal:
+        return proposal.cut(self.best_length(proposal))
+
+    def observe(self, proposal: Proposal, accepted: int) -> None:
+        """A verified draft (as cut) had its first `accepted` tokens accepted."""
+        drafted = min(len(proposal.token_ids), self.max_k)
+        if not drafted:
+            return
+        reached, accepted_counts = self._rows(proposal)
+        reached[: min(accepted + 1, drafted)] += 1
+        accepted_counts[: min(accepted, drafted)] += 1

@@ -1,0 +1,56 @@
+"""The draft-length rule verifies as much of a draft as its expected yield pays for, and learns it."""
+from actors.proposal import Proposal, SparseDist
+from deploy.draft_length import DraftLengths
+
+PLAIN_S = 0.040
+
+
+def flat_cost(n: int) -> float:
+    return PLAIN_S  # a GPU-like forward: any size costs one plain step
+
+
+def steep_cost(n: int) -> float:
+    return PLAIN_S * n  # every verified position costs a plain step
+
+
+def unpadded(n: int) -> int:
+    return n
+
+
+def draft(drafter: str = "ngram", match_length: int = 2, length: int = 6) -> Proposal:
+    return Proposal(drafter, tuple(range(10, 10 + length)), match_length=match_length)
+
+
+def test_a_flat_forward_cost_verifies_the_whole_draft():
+    assert DraftLengths(flat_cost, unpadded, 8).best_length(draft()) == 6
+
+
+def test_when_each_position_costs_a_plain_step_no_draft_is_worth_verifying():
+    assert DraftLengths(steep_cost, unpadded, 8).best_length(draft()) == 0
+
+
+def test_a_drafter_whose_first_token_is_always_rejected_stops_being_verified():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    assert lengths.best_length(draft()) > 0
+    for _ in range(50):
+        lengths.observe(lengths.cut(draft()), accepted=0)
+    assert lengths.best_length(draft()) == 0
+    assert lengths.best_length(draft(match_length=4)) > 0  # other evidence keeps its own statistics
+
+
+def test_a_drafter_that_is_always_right_gets_its_whole_draft_verified():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    for _ in range(50):
+        lengths.observe(draft(), accepted=6)
+    assert lengths.best_length(draft()) == 6
+
+
+def test_the_cut_fills_the_padded_forward_it_needs_anyway():
+    lengths = DraftLengths(flat_cost, lambda n: 8 if n > 4 else n, 8)
+    assert lengths.best_length(draft(length=7)) == 7  # 5 positions are padded to 8: the draft's 7 tokens fit
+
+
+def test_a_cut_draft_keeps_its_q_for_the_kept_tokens():
+    q = tuple(SparseDist((t,), (1.0,)) for t in (5, 6, 7))
+    cut = Proposal("hf", (5, 6, 7), q, 0.01).cut(2)
+    assert cut.token_ids == (5, 6) and cut.q == q[:2] and cut.drafter == "hf"
