@@ -3,9 +3,9 @@
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
 go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
 one target forward verifies them, each draft first cut to the length whose expected yield pays
-for its forward (deploy/draft_length.py). One draft: the forward runs over [last token, draft], gives p
-for every draft position plus the bonus position, `verify` accepts losslessly and the KV cache is
-cropped to the accepted path. Several distinct drafts: they are merged into a token tree
+for its forward (deploy/draft_length.py). One draft: the forward runs over [last token, draft],
+gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
+cache is cropped to the accepted path. Several distinct drafts: they are merged into a token tree
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
 `verify_tree` accepts losslessly, and the cache keeps the accepted branch only. Each drafter's
 reward (computed here, where the timings are) rides on the next call; shadow drafts (`-cf`) are
