@@ -17,6 +17,7 @@ CLIENTS = 16
 LOAD_S = float(os.environ.get("SPECFLEET_LOAD_S", "20"))
 MAX_TOKENS = 16
 MEMORY_SLACK = 64 << 20  # bytes a drafter actor may grow over the run
+CHAOS_GRACE_S = 120  # the load goes on past LOAD_S until the chaos is over, at most this long
 
 
 @pytest.fixture(scope="module")
@@ -35,25 +36,26 @@ def drafter_actors() -> dict:
             if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)}
 
 
-def chaos(service, stop: threading.Event, events: list[str]) -> None:
-    """Add a drafter, kill one (Ray restarts it), remove the added one: spread over the run."""
+def chaos(service, events: list[str], done: threading.Event) -> None:
+    """Add a drafter, kill one (Ray restarts it), remove the added one: spread over the run. The
+    clients keep loading the service until all three have happened (`done`)."""
     import ray
 
     from tests.test_service_admin import admin
 
     pause = LOAD_S / 4
-    if stop.wait(pause):
-        return
-    status, _ = admin(service, "POST", "/drafters", {"name": "load-ngram", "kind": "ngram"})
-    events.append(f"add load-ngram: {status}")
-    if stop.wait(pause):
-        return
-    ray.kill(drafter_actors()["suffix"], no_restart=False)
-    events.append("kill suffix")
-    if stop.wait(pause):
-        return
-    status, _ = admin(service, "DELETE", "/drafters/load-ngram")
-    events.append(f"remove load-ngram: {status}")
+    try:
+        time.sleep(pause)
+        status, _ = admin(service, "POST", "/drafters", {"name": "load-ngram", "kind": "ngram"})
+        events.append(f"add load-ngram: {status}")
+        time.sleep(pause)
+        ray.kill(drafter_actors()["suffix"], no_restart=False)
+        events.append("kill suffix")
+        time.sleep(pause)
+        status, _ = admin(service, "DELETE", "/drafters/load-ngram")
+        events.append(f"remove load-ngram: {status}")
+    finally:
+        done.set()
 
 
 def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(service, expected):
@@ -67,11 +69,12 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
     failures: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + LOAD_S
+    hard_deadline = deadline + CHAOS_GRACE_S
 
     def client(index: int) -> None:
         openai = OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=600)
         turn = index
-        while time.monotonic() < deadline:
+        while time.monotonic() < hard_deadline and (time.monotonic() < deadline or not chaos_done.is_set()):
             prompt = turn % len(CHAT_PROMPTS)
             turn += 1
             start = time.monotonic()
@@ -86,14 +89,13 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
             with lock:
                 results.append((text == expected[prompt], time.monotonic() - start))
 
-    stop, events = threading.Event(), []
-    saboteur = threading.Thread(target=chaos, args=(service, stop, events))
+    chaos_done, events = threading.Event(), []
+    saboteur = threading.Thread(target=chaos, args=(service, events, chaos_done))
     threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
     for t in [saboteur, *threads]:
         t.start()
     for t in threads:
         t.join()
-    stop.set()
     saboteur.join()
 
     latencies = sorted(seconds for _, seconds in results)
