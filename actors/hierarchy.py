@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from actors.proposal import Proposal, Proposer
 from actors.session import SessionStore
@@ -29,7 +30,7 @@ class HierarchyProposer:
             proposal = source.propose(session, entry.tokens[sent[index] :], k, sampling)
             sent[index] = len(entry.tokens)
             if proposal.token_ids:
-                return Proposal(self.name, proposal.token_ids, proposal.q, time.perf_counter() - start, proposal.match_length)
+                return replace(proposal, drafter=self.name, draft_s=time.perf_counter() - start)
         return Proposal(drafter=self.name, draft_s=time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

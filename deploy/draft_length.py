@@ -45,20 +45,21 @@ class DraftLengths:
             self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
         return self._reached[key], self._accepted[key]
 
-    def acceptance(self, proposal: Proposal) -> np.ndarray:
-        """a_i for the draft's positions i = 1..len(draft) (index 0 = position 1)."""
-        reached, accepted = self._rows(proposal)
-        n = min(len(proposal.token_ids), self.max_k)
-        return (accepted[:n] + PRIOR * WEIGHT) / (reached[:n] + WEIGHT)
-
     def best_length(self, proposal: Proposal) -> int:
-        """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
+        """l*: the number of the draft's tokens to verify (0 = a plain step instead). One pass over
+        the positions in plain floats (a round asks this of every chosen and shadow draft)."""
         n = min(len(proposal.token_ids), self.max_k)
         if n == 0:
             return 0
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(proposal)))])  # l = 0..n
-        rates = [expected[l] / self.cost_s(l + 1) for l in range(n + 1)]
-        best = int(np.argmax(rates))
+        reached, accepted = self._rows(proposal)
+        best, best_rate = 0, 1.0 / self.cost_s(1)
+        reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
+        for l in range(1, n + 1):
+            reach_probability *= (float(accepted[l - 1]) + PRIOR * WEIGHT) / (float(reached[l - 1]) + WEIGHT)
+            expected += reach_probability
+            rate = expected / self.cost_s(l + 1)
+            if rate > best_rate:
+                best, best_rate = l, rate
         return min(n, self.forward_size(best + 1) - 1) if best else 0
 
     def cut(self, proposal: Proposal) -> Proposal:
