@@ -6,6 +6,7 @@ uses, so a drafted token costs a fraction of a full-vocabulary projection. `forw
 logits over the full vocabulary (-inf outside the head), so it drops into `HFModelProposer`
 unchanged; `head_logits` gives the reduced logits for training. Saved as a transformers
 directory plus `head.safetensors` (weight [V', H], ids [V']) and `distill.json` (how it was built).
+A loaded drafter takes actors/cpu_linear.py's few-row products where they are faster, as the target does.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from actors import cpu_linear
 
 HEAD_FILE = "head.safetensors"
 META_FILE = "distill.json"
@@ -71,4 +74,6 @@ def load_distilled(path: Path, device: torch.device | str = "cpu") -> ReducedHea
 
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     head = load_file(str(path / HEAD_FILE))
-    return ReducedHeadLM(base, head["ids"], head["weight"]).to(device).eval()
+    model = ReducedHeadLM(base, head["ids"], head["weight"]).to(device).eval()
+    cpu_linear.install(model)  # a drafted token is a one-row product: ~25% faster here
+    return model

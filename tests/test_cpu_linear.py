@@ -46,3 +46,45 @@ def test_install_can_be_turned_off_and_never_touches_other_dtypes(monkeypatch):
     half = model().to(torch.bfloat16)
     assert install(half) == 0
     assert all(type(m) is torch.nn.Linear for m in half if isinstance(m, torch.nn.Linear))
+
+
+needs_packed = pytest.mark.skipif(not cpu_linear.packed_available(), reason="this torch has no oneDNN")
+
+
+@needs_packed
+@pytest.mark.parametrize("rows", [cpu_linear.PACKED_MIN_ROWS, 8, cpu_linear.PACKED_MAX_ROWS])
+def test_the_prepacked_product_equals_f_linear_for_verification_sized_inputs(rows):
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(96, 48), torch.randn(96), torch.randn(1, rows, 48)
+    got = cpu_linear.packed_linear(x, cpu_linear.pack_weight(weight), bias)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_packed
+def test_a_packed_layer_follows_its_weight_after_an_update_and_survives_a_deep_copy(monkeypatch):
+    import copy
+
+    monkeypatch.setenv(cpu_linear.ENV, "on")
+    layers = model()
+    install(layers)
+    assert all(m.use_packed for m in layers if isinstance(m, SmallRowsLinear))
+    x = torch.randn(4, 16)
+    with torch.inference_mode():
+        before = layers(x)
+    with torch.no_grad():
+        layers[0].weight.mul_(-1.0)  # in place, as an optimizer step: the packed copy must be remade
+    with torch.inference_mode():
+        after, copied = layers(x), copy.deepcopy(layers)(x)
+    expected = layers[2](torch.relu(torch.nn.functional.linear(x, layers[0].weight, layers[0].bias)))
+    torch.testing.assert_close(after, expected.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(copied, after, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(before, after)
+
+
+@needs_packed
+def test_with_autograd_on_a_packed_layer_still_trains(monkeypatch):
+    monkeypatch.setenv(cpu_linear.ENV, "on")
+    layers = model()
+    install(layers)
+    layers(torch.randn(4, 16)).sum().backward()
+    assert layers[0].weight.grad is not None and layers[0].weight.grad.abs().sum() > 0
