@@ -15,11 +15,11 @@ the model's largest projection shows the product faster, so CPUs whose BLAS is a
 to float rounding (another summation order): the target's own decoding and its verification both
 run through it, so outputs stay lossless with respect to the target as served.
 
-Verification forwards (3 to `PACKED_MAX_ROWS` rows) go further where oneDNN is available: the
-weight is reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, the
-prepacking PyTorch's own CPU compiler uses) and multiplied with `mkldnn._linear_pointwise`. Here
-that makes a target forward over 8 positions cost ~1.25 plain steps instead of ~1.9, so longer
-drafts pay. The packed copy (one more copy of the weights in memory) is made on first use, kept
+Products of 3 rows or more (verification forwards, prefills) go further where oneDNN is
+available: the weight is reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`,
+the prepacking PyTorch's own CPU compiler uses) and multiplied with `mkldnn._linear_pointwise`.
+Here that makes a target forward over 8 positions cost ~1.25 plain steps instead of ~1.9, so
+longer drafts pay, and a 256-row product with the vocabulary projection 1.7x faster. The packed copy (one more copy of the weights in memory) is made on first use, kept
 outside the module (deep copies and state dicts never see it) and remade when the weight changes
 (its version counter moves, as an optimizer step or load_state_dict does); with autograd on, the
 product stays unpacked. `install` turns it on when it beats the unpacked product at load time.
@@ -33,7 +33,7 @@ import weakref
 import torch
 
 MAX_ROWS = 8  # above this (prefill) F.linear's large-M GEMM is the better path
-PACKED_MIN_ROWS, PACKED_MAX_ROWS = 3, 16  # rows that take the prepacked oneDNN product (when installed)
+PACKED_MIN_ROWS = 3  # products of this many rows or more take the prepacked oneDNN product (when installed)
 ENV = "SPECFLEET_CPU_LINEAR"
 
 
@@ -73,13 +73,13 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> ((
 
 class SmallRowsLinear(torch.nn.Linear):
     """An nn.Linear whose forward takes `small_rows_linear` (installed by class swap), or the
-    prepacked product for 3..PACKED_MAX_ROWS rows once `use_packed` is set."""
+    prepacked product for PACKED_MIN_ROWS rows or more once `use_packed` is set."""
 
     use_packed = False  # set per module by install
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.use_packed and PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS and not torch.is_grad_enabled():
+        if self.use_packed and rows >= PACKED_MIN_ROWS and not torch.is_grad_enabled():
             return packed_linear(x, self._packed_weight(), self.bias)
         return small_rows_linear(x, self.weight, self.bias)
 

@@ -15,8 +15,7 @@ A draft of n tokens is cut to the length l in 0..n with the most expected tokens
 
 then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
 the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
-with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted] per
-second of its forward): the engine compares the round's drafts by it (deploy/engine.py). The statistics are shared by every request of the engine; concurrent
+with its q, is a draft. The statistics are shared by every request of the engine; concurrent
 updates may rarely lose one count, which only slows the learning.
 """
 from __future__ import annotations
@@ -46,40 +45,28 @@ class DraftLengths:
             self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
         return self._reached[key], self._accepted[key]
 
-    def _expected_emitted(self, proposal: Proposal, n: int) -> list[float]:
-        """[E[emitted | l] for l in 0..n]: one pass over the positions in plain floats (a round asks
-        this of every chosen and shadow draft)."""
-        expected = [1.0]
-        if n:
-            reached, accepted = self._rows(proposal)
-            reach_probability = 1.0  # P(position l accepted)
-            for i in range(n):
-                reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
-                expected.append(expected[-1] + reach_probability)
-        return expected
-
     def best_length(self, proposal: Proposal) -> int:
-        """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
-        expected = self._expected_emitted(proposal, min(len(proposal.token_ids), self.max_k))
-        best, best_rate = 0, expected[0] / self.cost_s(1)
-        for l in range(1, len(expected)):
-            rate = expected[l] / self.cost_s(l + 1)
+        """l*: the number of the draft's tokens to verify (0 = a plain step instead). One pass over
+        the positions in plain floats (a round asks this of every chosen and shadow draft)."""
+        n = min(len(proposal.token_ids), self.max_k)
+        if n == 0:
+            return 0
+        reached, accepted = self._rows(proposal)
+        best, best_rate = 0, 1.0 / self.cost_s(1)
+        reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
+        for l in range(1, n + 1):
+            reach_probability *= (float(accepted[l - 1]) + PRIOR * WEIGHT) / (float(reached[l - 1]) + WEIGHT)
+            expected += reach_probability
+            rate = expected / self.cost_s(l + 1)
             if rate > best_rate:
                 best, best_rate = l, rate
-        return min(len(proposal.token_ids), self.forward_size(best + 1) - 1) if best else 0
-
-    def rate(self, proposal: Proposal) -> float:
-        """Expected tokens emitted per second if this draft, as it stands, is verified (an empty
-        draft: a plain step)."""
-        n = min(len(proposal.token_ids), self.max_k)
-        return self._expected_emitted(proposal, n)[n] / self.cost_s(n + 1)
+        return min(n, self.forward_size(best + 1) - 1) if best else 0
 
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))
 
     def observe(self, proposal: Proposal, accepted: int) -> None:
-        """A draft (as cut) had its first `accepted` tokens accepted: verified, or a shadow scored
-        against the output."""
+        """A verified draft (as cut) had its first `accepted` tokens accepted."""
         drafted = min(len(proposal.token_ids), self.max_k)
         if not drafted:
             return

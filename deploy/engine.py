@@ -3,11 +3,7 @@
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
 go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
 one target forward verifies them, each draft first cut to the length whose expected yield pays
-for its forward (deploy/draft_length.py). A round with one chosen draft and shadow drafts (`-cf`)
-verifies whichever of them promises the most tokens per second by those same statistics (the
-drafter's learned acceptance at the draft's match length): the bandit picks which drafters run,
-the evidence of the round's own drafts picks which one to verify, and the others are scored as
-shadows. One draft: the forward runs over [last token, draft],
+for its forward (deploy/draft_length.py). One draft: the forward runs over [last token, draft],
 gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
 cache is cropped to the accepted path. Several distinct drafts: they are merged into a token tree
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
@@ -120,11 +116,9 @@ class SpeculativeEngine:
         coordinator: Coordinator | None = None,
         cut_drafts: bool = True,
     ) -> None:
-        """cut_drafts: verify only as much of each draft as pays for its forward, and of one chosen
-        draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
-        drafted token of the drafts chosen. A sampled request with a seed always verifies the
-        chosen drafts whole: cut and pick depend on measured times, and its output must depend on
-        the seed alone."""
+        """cut_drafts: verify only as much of each draft as pays for its forward (deploy/draft_length.py);
+        False verifies every drafted token. A sampled request with a seed always verifies whole
+        drafts: the cut depends on measured times, and its output must depend on the seed alone."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
@@ -184,7 +178,7 @@ class SpeculativeEngine:
                 start = time.perf_counter()
                 draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
                 if cutting:
-                    draft_round = self._pick(self._cut(draft_round))
+                    draft_round = self._cut(draft_round)
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
                 start = time.perf_counter()
@@ -201,11 +195,7 @@ class SpeculativeEngine:
                 drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, verify_s)
                           for i, p in enumerate(draft_round.proposals)]
                 final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
-                scored = shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
-                for shadow in scored:  # a point-mass token matches the output as often as it would be accepted
-                    if sampling.greedy or shadow.proposal.q is None:
-                        self.draft_lengths.observe(shadow.proposal, shadow.matched)
-                final += scored
+                final += shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
                 drafts += [self._counterfactual(s) for s in final]
                 round_reward_ = cost_reward(accepted, draft_s, verify_s, self.plain_step_s, self.k)
                 feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_) if drafts else None
@@ -235,17 +225,6 @@ class SpeculativeEngine:
         """Each draft (chosen or shadow) cut to the length worth verifying (deploy/draft_length.py)."""
         return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
                        shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
-
-    def _pick(self, draft_round: DraftRound) -> DraftRound:
-        """One chosen draft and shadows: verify the draft with the highest expected rate (the chosen
-        one on a tie); the others become the round's shadows."""
-        if len(draft_round.proposals) != 1 or not draft_round.shadows:
-            return draft_round
-        chosen = draft_round.proposals[0]
-        best = max(draft_round.shadows, key=self.draft_lengths.rate)
-        if self.draft_lengths.rate(best) <= self.draft_lengths.rate(chosen):
-            return draft_round
-        return DraftRound((best,), tuple(p for p in (chosen, *draft_round.shadows) if p is not best))
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator

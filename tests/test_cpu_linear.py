@@ -52,8 +52,8 @@ needs_packed = pytest.mark.skipif(not cpu_linear.packed_available(), reason="thi
 
 
 @needs_packed
-@pytest.mark.parametrize("rows", [cpu_linear.PACKED_MIN_ROWS, 8, cpu_linear.PACKED_MAX_ROWS])
-def test_the_prepacked_product_equals_f_linear_for_verification_sized_inputs(rows):
+@pytest.mark.parametrize("rows", [cpu_linear.PACKED_MIN_ROWS, 8, 40])
+def test_the_prepacked_product_equals_f_linear_for_verification_and_prefill_sized_inputs(rows):
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(96, 48), torch.randn(96), torch.randn(1, rows, 48)
     got = cpu_linear.packed_linear(x, cpu_linear.pack_weight(weight), bias)

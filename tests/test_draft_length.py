@@ -54,13 +54,3 @@ def test_a_cut_draft_keeps_its_q_for_the_kept_tokens():
     q = tuple(SparseDist((t,), (1.0,)) for t in (5, 6, 7))
     cut = Proposal("hf", (5, 6, 7), q, 0.01).cut(2)
     assert cut.token_ids == (5, 6) and cut.q == q[:2] and cut.drafter == "hf"
-
-
-def test_the_rate_of_a_draft_ranks_drafters_by_what_they_have_yielded_at_that_match_length():
-    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
-    for _ in range(20):
-        lengths.observe(draft("good"), accepted=6)
-        lengths.observe(draft("bad"), accepted=0)
-    assert lengths.rate(draft("good")) > 1 / PLAIN_S > lengths.rate(draft("bad"))
-    assert lengths.rate(Proposal("none")) == 1 / PLAIN_S  # an empty draft is a plain step
-    assert lengths.rate(draft("bad", match_length=5)) > lengths.rate(draft("bad"))  # unseen evidence keeps the prior
