@@ -1,7 +1,7 @@
 """Cost-aware draft length: how many of a draft's tokens are worth a verification.
 
 Verifying more positions costs a larger target forward; on CPU that cost is far from flat (here a
-forward over 2 positions costs what 1 does, 4 cost 1.3 plain steps, 8 cost 2). A drafter's late
+forward over 2 positions costs what 1 does, 4 about 1.3 plain steps, 8 about 1.3-1.5). A drafter's late
 tokens are worth verifying only while their expected yield pays for the larger forward.
 
 `DraftLengths` learns, per (drafter, match length) — the length of context the drafter's source
