@@ -67,7 +67,7 @@ def test_a_packed_layer_follows_its_weight_after_an_update_and_survives_a_deep_c
     monkeypatch.setenv(cpu_linear.ENV, "on")
     layers = model()
     install(layers)
-    assert all(m.use_packed for m in layers if isinstance(m, SmallRowsLinear))
+    assert all(m.packed is not None for m in layers if isinstance(m, SmallRowsLinear))
     x = torch.randn(4, 16)
     with torch.inference_mode():
         before = layers(x)
