@@ -30,7 +30,7 @@ class HierarchyProposer:
             proposal = source.propose(session, entry.tokens[sent[index] :], k, sampling)
             sent[index] = len(entry.tokens)
             if proposal.token_ids:
-                return replace(proposal, drafter=self.name, draft_s=time.perf_counter() - start)
+                return replace(proposal, drafter=self.name, source=proposal.drafter, draft_s=time.perf_counter() - start)
         return Proposal(drafter=self.name, draft_s=time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

@@ -129,13 +129,15 @@ class RetrievalProposer:
         start = time.perf_counter()
         tokens = self.sessions.extend(session, context_delta).tokens
         draft, matched = self.datastore.match(tokens, k, self.min_match, self.max_match)
+        source = "datastore"
         if self.context_n is not None and matched <= self.context_n[1]:
             # a context match at least as long as the datastore's wins
             context = np.asarray(tokens, dtype=np.int64)
             in_context, n = matched_lookup(context, max(self.context_n[0], matched), self.context_n[1], k)
             if in_context:
-                draft, matched = in_context, n
-        return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start, match_length=matched)
+                draft, matched, source = in_context, n, "context"
+        return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start, match_length=matched,
+                        source=source)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.sessions.pop(session)

@@ -4,9 +4,11 @@ Verifying more positions costs a larger target forward; on CPU that cost is far 
 forward over 2 positions costs what 1 does, 4 about 1.3 plain steps, 8 about 1.3-1.5). A drafter's late
 tokens are worth verifying only while their expected yield pays for the larger forward.
 
-`DraftLengths` learns, per (drafter, match length) — the length of context the drafter's source
-matched, its evidence (actors/proposal.py; 0 when a drafter does not say) — how often draft position
-i was reached (every earlier drafted token accepted) and accepted, over every verified draft.
+`DraftLengths` learns, per (drafter, source, match length) — which of a composite drafter's sources
+drafted (a hierarchy's level, a retrieval drafter's datastore or the request's context) and the
+length of context it matched, its evidence (actors/proposal.py; 0 when a drafter does not say) —
+how often draft position i was reached (every earlier drafted token accepted) and accepted, over
+every verified draft.
 A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
 
     a_i = (accepted_i + PRIOR * WEIGHT) / (reached_i + WEIGHT)
@@ -15,8 +17,10 @@ A draft of n tokens is cut to the length l in 0..n with the most expected tokens
 
 then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
 the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
-with its q, is a draft. The statistics are shared by every request of the engine; concurrent
-updates may rarely lose one count, which only slows the learning.
+with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted | n] per
+second of its forward): the engine compares a round's drafts by it. The statistics are shared by
+every request of the engine; concurrent updates may rarely lose one count, which only slows the
+learning.
 """
 from __future__ import annotations
 
@@ -36,11 +40,11 @@ class DraftLengths:
         """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
         forward_size(n): the padded size the engine runs for n positions."""
         self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
-        self._reached: dict[tuple[str, int], np.ndarray] = {}
-        self._accepted: dict[tuple[str, int], np.ndarray] = {}
+        self._reached: dict[tuple[str, str, int], np.ndarray] = {}
+        self._accepted: dict[tuple[str, str, int], np.ndarray] = {}
 
     def _rows(self, proposal: Proposal) -> tuple[np.ndarray, np.ndarray]:
-        key = (proposal.drafter, min(proposal.match_length, MAX_MATCH_KEY))
+        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY))
         if key not in self._reached:
             self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
         return self._reached[key], self._accepted[key]
@@ -61,6 +65,18 @@ class DraftLengths:
             if rate > best_rate:
                 best, best_rate = l, rate
         return min(n, self.forward_size(best + 1) - 1) if best else 0
+
+    def rate(self, proposal: Proposal) -> float:
+        """Expected tokens emitted per second if this draft, as it stands, is verified (an empty
+        draft: a plain step)."""
+        n = min(len(proposal.token_ids), self.max_k)
+        expected, reach_probability = 1.0, 1.0
+        if n:
+            reached, accepted = self._rows(proposal)
+            for i in range(n):
+                reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
+                expected += reach_probability
+        return expected / self.cost_s(n + 1)
 
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))

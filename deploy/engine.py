@@ -3,7 +3,11 @@
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
 go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
 one target forward verifies them, each draft first cut to the length whose expected yield pays
-for its forward (deploy/draft_length.py). One draft: the forward runs over [last token, draft],
+for its forward (deploy/draft_length.py). A round with one chosen draft and shadow drafts (`-cf`)
+verifies whichever of them promises the most tokens per second by those same statistics (its
+drafter's learned acceptance for the draft's source and match length): the bandit picks which
+drafters run, the evidence of the round's own drafts picks which one to verify, and the others
+are scored as shadows. One draft: the forward runs over [last token, draft],
 gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
 cache is cropped to the accepted path. Several distinct drafts: they are merged into a token tree
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
@@ -116,9 +120,11 @@ class SpeculativeEngine:
         coordinator: Coordinator | None = None,
         cut_drafts: bool = True,
     ) -> None:
-        """cut_drafts: verify only as much of each draft as pays for its forward (deploy/draft_length.py);
-        False verifies every drafted token. A sampled request with a seed always verifies whole
-        drafts: the cut depends on measured times, and its output must depend on the seed alone."""
+        """cut_drafts: verify only as much of each draft as pays for its forward, and of one chosen
+        draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
+        drafted token of the drafts chosen. A sampled request with a seed always verifies the
+        chosen drafts whole: cut and pick depend on measured times, and its output must depend on
+        the seed alone."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
@@ -178,13 +184,14 @@ class SpeculativeEngine:
                 start = time.perf_counter()
                 draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
                 if cutting:
-                    draft_round = self._cut(draft_round)
+                    draft_round = self._pick(self._cut(draft_round))
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
                 start = time.perf_counter()
                 emitted_ids, drafted, scores, branch, chain_size = self._verify(cache, tokens, draft_round, sampling, generator)
                 verify_s = time.perf_counter() - start
                 self._track_verify_cost(chain_size, verify_s)
+                priced_s = self._priced_verify_s(chain_size, verify_s)
                 accepted = len(emitted_ids) - 1
                 for proposal, (proposal_accepted, _) in zip(draft_round.proposals, scores):
                     self.draft_lengths.observe(proposal, proposal_accepted)
@@ -192,12 +199,12 @@ class SpeculativeEngine:
                 drafting_s = sum(own_s)
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
                 overhead_s = max(0.0, draft_s - drafting_s)
-                drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, verify_s)
+                drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, priced_s)
                           for i, p in enumerate(draft_round.proposals)]
                 final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
                 final += shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
                 drafts += [self._counterfactual(s) for s in final]
-                round_reward_ = cost_reward(accepted, draft_s, verify_s, self.plain_step_s, self.k)
+                round_reward_ = cost_reward(accepted, draft_s, priced_s, self.plain_step_s, self.k)
                 feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_) if drafts else None
                 before = len(output)
                 emitted, finish = self._emit(output, emitted_ids, sampling)
@@ -225,6 +232,17 @@ class SpeculativeEngine:
         """Each draft (chosen or shadow) cut to the length worth verifying (deploy/draft_length.py)."""
         return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
                        shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
+
+    def _pick(self, draft_round: DraftRound) -> DraftRound:
+        """One chosen draft and shadows: verify the draft with the highest expected rate (the chosen
+        one on a tie); the others become the round's shadows."""
+        if len(draft_round.proposals) != 1 or not draft_round.shadows:
+            return draft_round
+        chosen = draft_round.proposals[0]
+        best = max(draft_round.shadows, key=self.draft_lengths.rate)
+        if self.draft_lengths.rate(best) <= self.draft_lengths.rate(chosen):
+            return draft_round
+        return DraftRound((best,), tuple(p for p in (chosen, *draft_round.shadows) if p is not best))
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator
@@ -303,6 +321,13 @@ class SpeculativeEngine:
     def plain_step_s(self) -> float:
         """Seconds of a plain target step (0 for a plain-decoding-only engine)."""
         return self.verify_s_by_size[1]
+
+    def _priced_verify_s(self, chain_size: int, verify_s: float) -> float:
+        """What a verification is charged in rewards: the running mean for its forward size, the
+        price a shadow draft of that size is charged too, so one slow forward (the machine's noise,
+        not the drafter's doing) does not sink the arm that happened to be pulled; a tree's
+        forward (no running mean) is charged as measured."""
+        return self.verify_s_by_size[chain_size] if chain_size and self.verify_s_by_size[chain_size] else verify_s
 
     def _track_verify_cost(self, chain_size: int, verify_s: float) -> None:
         """Running mean of the verification time of a one-draft (or plain) forward of that size."""

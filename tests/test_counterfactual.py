@@ -105,6 +105,23 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     assert all(r.parallel_draft_s == pytest.approx(0.003, abs=1e-3) for r in drafted)
 
 
+def test_with_cut_drafts_the_engine_verifies_the_shadow_that_promises_more_instead_of_the_chosen_draft(target):
+    greedy = SamplingParams(max_tokens=24)
+    prompt = target.encode(messages=CHAT_PROMPTS[1])
+    plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
+    engine = SpeculativeEngine(target, coordinator=ScriptedCoordinator([], target.vocab_size), k=4)
+    engine.verify_s_by_size[1:] = [engine.plain_step_s * (1 + 0.1 * n) for n in range(len(engine.verify_s_by_size) - 1)]
+    engine.coordinator = scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size)
+    result = engine.run(prompt, greedy)
+    assert result.token_ids == plain.token_ids
+    verified = [r.drafter for r in result.rounds if r.drafted]
+    # both start at the prior (a tie keeps the chosen draft); once 'wrong' has failed, the shadow is verified
+    assert verified[0] == "wrong" and set(verified[1:]) == {"oracle"} and len(verified) > 3
+    assert len(result.rounds) < len(plain.token_ids) / 2
+    assert any(f.drafter == "oracle" and not f.counterfactual and f.accepted > 0 for f in scripted.feedback)
+    assert any(f.drafter == "wrong" and f.counterfactual for f in scripted.feedback)
+
+
 def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():
     pool = build_drafters(["ngram", NO_DRAFT])
     cost = Coordinator(pool, "metasd-ucb-cost-cf")

@@ -1,4 +1,6 @@
 """The draft-length rule verifies as much of a draft as its expected yield pays for, and learns it."""
+from dataclasses import replace
+
 from actors.proposal import Proposal, SparseDist
 from deploy.draft_length import DraftLengths
 
@@ -48,6 +50,26 @@ def test_a_drafter_that_is_always_right_gets_its_whole_draft_verified():
 def test_the_cut_fills_the_padded_forward_it_needs_anyway():
     lengths = DraftLengths(flat_cost, lambda n: 8 if n > 4 else n, 8)
     assert lengths.best_length(draft(length=7)) == 7  # 5 positions are padded to 8: the draft's 7 tokens fit
+
+
+def test_the_rate_of_a_draft_ranks_drafters_by_what_they_have_yielded_at_that_match_length():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    for _ in range(20):
+        lengths.observe(draft("good"), accepted=6)
+        lengths.observe(draft("bad"), accepted=0)
+    assert lengths.rate(draft("good")) > 1 / PLAIN_S > lengths.rate(draft("bad"))
+    assert lengths.rate(Proposal("none")) == 1 / PLAIN_S  # an empty draft is a plain step
+    assert lengths.rate(draft("bad", match_length=5)) > lengths.rate(draft("bad"))  # unseen evidence keeps the prior
+
+
+def test_each_source_of_a_composite_drafter_keeps_its_own_statistics():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    datastore = replace(draft("retrieval-math"), source="datastore")
+    context = replace(draft("retrieval-math"), source="context")
+    for _ in range(20):
+        lengths.observe(datastore, accepted=6)
+        lengths.observe(context, accepted=0)
+    assert lengths.best_length(datastore) == 6 and lengths.best_length(context) == 0
 
 
 def test_a_cut_draft_keeps_its_q_for_the_kept_tokens():

@@ -100,8 +100,9 @@ def test_hierarchy_uses_the_context_first_then_past_requests():
     hierarchy.release("old")
     from_context = hierarchy.propose("new", [5, 6, 7, 5, 6], 2, GREEDY)
     assert from_context.token_ids == (7, 5) and from_context.drafter == "hierarchy"
+    assert from_context.source == "ngram"  # the level that drafted: its draft-length statistics are its own
     from_past = hierarchy.propose("new", [20, 21], 2, GREEDY)
-    assert from_past.token_ids == (22, 23)
+    assert (from_past.token_ids, from_past.source) == ((22, 23), "suffix")
 
 
 def test_hierarchy_forwards_every_unseen_token_to_each_source_on_release():

@@ -100,8 +100,10 @@ def test_retrieval_drafter_follows_its_session_deltas_and_is_model_free():
 
 def test_retrieval_prefers_the_context_unless_the_datastore_matches_a_longer_tail():
     proposer = RetrievalProposer(TokenDatastore.build([[1, 2, 3, 4, 50, 51]], depth=8))
-    assert proposer.propose("a", [7, 3, 4, 60, 61, 2, 3, 4], 2, GREEDY).token_ids == (50, 51)  # datastore: 3 tokens, context: 2
-    assert proposer.propose("b", [2, 3, 4, 60, 61, 2, 3, 4], 2, GREEDY).token_ids == (60, 61)  # a tie goes to the context
+    from_datastore = proposer.propose("a", [7, 3, 4, 60, 61, 2, 3, 4], 2, GREEDY)
+    assert (from_datastore.token_ids, from_datastore.source) == ((50, 51), "datastore")  # datastore: 3 tokens, context: 2
+    from_context = proposer.propose("b", [2, 3, 4, 60, 61, 2, 3, 4], 2, GREEDY)
+    assert (from_context.token_ids, from_context.source) == ((60, 61), "context")  # a tie goes to the context
     datastore_only = RetrievalProposer(TokenDatastore.build([[1, 2, 3, 4, 50, 51]], depth=8), context_n=None)
     assert datastore_only.propose("c", [2, 3, 4, 60, 61, 2, 3, 4], 2, GREEDY).token_ids == (50, 51)
 
