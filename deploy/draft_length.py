@@ -24,7 +24,7 @@ learning.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -50,17 +50,10 @@ class DraftLengths:
         return self._reached[key], self._accepted[key]
 
     def best_length(self, proposal: Proposal) -> int:
-        """l*: the number of the draft's tokens to verify (0 = a plain step instead). One pass over
-        the positions in plain floats (a round asks this of every chosen and shadow draft)."""
+        """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
         n = min(len(proposal.token_ids), self.max_k)
-        if n == 0:
-            return 0
-        reached, accepted = self._rows(proposal)
         best, best_rate = 0, 1.0 / self.cost_s(1)
-        reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
-        for l in range(1, n + 1):
-            reach_probability *= (float(accepted[l - 1]) + PRIOR * WEIGHT) / (float(reached[l - 1]) + WEIGHT)
-            expected += reach_probability
+        for l, expected in enumerate(self._expected_emitted(proposal, n), start=1):
             rate = expected / self.cost_s(l + 1)
             if rate > best_rate:
                 best, best_rate = l, rate
@@ -70,13 +63,20 @@ class DraftLengths:
         """Expected tokens emitted per second if this draft, as it stands, is verified (an empty
         draft: a plain step)."""
         n = min(len(proposal.token_ids), self.max_k)
-        expected, reach_probability = 1.0, 1.0
-        if n:
-            reached, accepted = self._rows(proposal)
-            for i in range(n):
-                reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
-                expected += reach_probability
-        return expected / self.cost_s(n + 1)
+        # E[emitted | l] never falls as l grows, so its largest value is E[emitted | n]
+        return max(self._expected_emitted(proposal, n), default=1.0) / self.cost_s(n + 1)
+
+    def _expected_emitted(self, proposal: Proposal, n: int) -> Iterator[float]:
+        """E[emitted | l] for l = 1..n, in one pass over the positions in plain floats (a round
+        asks this of every chosen and shadow draft)."""
+        if not n:
+            return
+        reached, accepted = self._rows(proposal)
+        reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
+        for i in range(n):
+            reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
+            expected += reach_probability
+            yield expected
 
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))

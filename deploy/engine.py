@@ -239,8 +239,8 @@ class SpeculativeEngine:
         if len(draft_round.proposals) != 1 or not draft_round.shadows:
             return draft_round
         chosen = draft_round.proposals[0]
-        best = max(draft_round.shadows, key=self.draft_lengths.rate)
-        if self.draft_lengths.rate(best) <= self.draft_lengths.rate(chosen):
+        best_rate, best = max(((self.draft_lengths.rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
+        if best_rate <= self.draft_lengths.rate(chosen):
             return draft_round
         return DraftRound((best,), tuple(p for p in (chosen, *draft_round.shadows) if p is not best))
 
