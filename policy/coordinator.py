@@ -403,7 +403,8 @@ class CoordinatorActor:
                     await asyncio.wait_for(handle.open_sessions.remote(), self.draft_timeout_s)
                 except Exception:  # noqa: BLE001 - still dead, restarting or hung
                     continue
-                del self.down[arm]
+                if self.down.pop(arm, None) is None:  # removed from the pool while probed
+                    continue
                 if removed and arm not in self.core.drafters:
                     await self.add_drafter(arm, handle)
 
@@ -430,8 +431,15 @@ class CoordinatorActor:
         self.kinds_known.discard(name)
 
     async def remove_drafter(self, name: str, drain_s: float = 30.0):
-        """Remove the arm, then wait (at most drain_s) for its rounds in flight. -> its handle."""
-        handle = self.core.remove_drafter(name)
+        """Remove the arm, up or down, then wait (at most drain_s) for its rounds in flight. -> its
+        handle. KeyError when no such drafter is in the pool."""
+        if name in self.core.drafters:
+            handle = self.core.remove_drafter(name)
+            self.down.pop(name, None)
+        elif name in self.down:  # down: already out of the bandits; the watcher stops probing it
+            handle, _ = self.down.pop(name)
+        else:
+            raise KeyError(name)
         deadline = asyncio.get_running_loop().time() + drain_s
         while self.drafting.get(name, 0) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)

@@ -1,5 +1,6 @@
 """The coordinator sends each drafter exactly the committed tokens it has not seen, learns from
 feedback riding on the next call, and frees every session on finish (no Ray needed)."""
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -7,7 +8,8 @@ import pytest
 
 from actors.proposal import Proposal
 from deploy.sampling import SamplingParams
-from policy.coordinator import Coordinator, Feedback, RoundFeedback
+from policy import coordinator as coordinator_module
+from policy.coordinator import Coordinator, CoordinatorActor, Feedback, RoundFeedback
 
 GREEDY = SamplingParams()
 
@@ -161,3 +163,21 @@ def test_a_request_whose_target_stopped_calling_is_forgotten_after_the_ttl():
     coordinator.propose("alive", [3], None, 2, GREEDY)
     assert coordinator.expire() == {"dead": {"a": []}}  # the caller releases these sessions
     assert list(coordinator.requests) == ["alive"]
+
+
+def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
+    monkeypatch.setattr(coordinator_module, "_named_drafters", dict)  # no Ray: the given pool
+    a, b = RecordingProposer("a"), RecordingProposer("b")
+
+    async def mark_down_then_remove():
+        actor = CoordinatorActor({"a": a, "b": b}, policy="metasd-ucb")
+        actor._mark_down("b", b, hung=False)  # as after a failed round
+        down = (await actor.stats())["down"]
+        removed = await actor.remove_drafter("b", drain_s=0)
+        with pytest.raises(KeyError):
+            await actor.remove_drafter("b", drain_s=0)
+        return down, removed, (await actor.stats())["down"], list(await actor.drafter_handles())
+
+    down, removed, down_after, pool_after = asyncio.run(mark_down_then_remove())
+    assert down == ["b"] and removed is b
+    assert down_after == [] and pool_after == ["a"]
