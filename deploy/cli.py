@@ -56,9 +56,10 @@ def _load(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from actors.no_draft import NO_DRAFT
-    from actors.pool import build_drafters
+    from actors.pool import build_drafters, parse_drafter_names
     from deploy.engine import SpeculativeEngine
     from deploy.sampling import SamplingParams
+    from policy.registry import parse_policy
 
     sampling = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -70,8 +71,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             messages = json.loads(args.messages)
         except json.JSONDecodeError as err:
             raise InvalidRequestError("messages", f"not valid JSON: {err}") from err
-    target, draft_model = _load(args)
     drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (_drafter_names(args), args.policy)
+    parse_policy(policy, parse_drafter_names(drafters))  # a bad name fails before the model loads
+    target, draft_model = _load(args)
     engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k)
     result = engine.generate(prompt=args.prompt, messages=messages, sampling=sampling)
     if args.json:
@@ -87,7 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from deploy.bench import load_prompts, render_table, run_bench
+    from actors.pool import parse_drafter_names
+    from deploy.bench import expand_runs, load_prompts, render_table, run_bench
 
     prompts = load_prompts(args.prompts)
     if args.tasks:
@@ -95,6 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.task in wanted]
     if args.limit:
         prompts = prompts[: args.limit]
+    # a bad run or drafter name fails before the model loads
+    expand_runs(args.runs, parse_drafter_names(_drafter_names(args)), args.draft_model is not None)
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=_drafter_names(args), draft_model=draft_model, progress=not args.no_progress,

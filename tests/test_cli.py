@@ -15,20 +15,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=600)
 
 
-def test_generate_json_prints_text_token_ids_finish_reason_and_stats():
-    done = run_cli("generate", "--prompt", "The capital of France is", "--max-tokens", "6", "--json")
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
-    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
-    assert 0 < len(out["token_ids"]) <= 6 and out["finish_reason"] in ("stop", "length")
-    assert "mean_acceptance_length" in out["stats"] and "per_drafter" in out["stats"]
-
-
-def test_generate_with_and_without_speculation_agree():
+def test_generate_json_prints_the_documented_fields_and_the_tokens_of_plain_decoding():
     messages = json.dumps([{"role": "user", "content": "List three colours of the rainbow."}])
     spec = run_cli("generate", "--messages", messages, "--max-tokens", "20", "--json")
     plain = run_cli("generate", "--messages", messages, "--max-tokens", "20", "--json", "--no-spec")
-    assert json.loads(spec.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
+    assert spec.returncode == 0, spec.stderr
+    out = json.loads(spec.stdout)
+    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    assert 0 < len(out["token_ids"]) <= 20 and out["finish_reason"] in ("stop", "length")
+    assert "mean_acceptance_length" in out["stats"] and "per_drafter" in out["stats"]
+    assert out["token_ids"] == json.loads(plain.stdout)["token_ids"]
 
 
 @pytest.mark.parametrize(
