@@ -11,7 +11,7 @@ from policy.registry import BASE_POLICY_NAMES
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
-MAX_TOKENS = 40
+MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 # prompt 0 again at the end: the suffix cache then holds its whole answer, so that path is exercised
 SEQUENCE = [0, 1, 2, 0]
