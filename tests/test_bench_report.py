@@ -135,3 +135,46 @@ def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
     table = render_table({"runs": [ar, one, multi], "summary": summary,
                           "params": {"prompts": 3, "cost_profile": {"device": "cuda"}}})
     assert "profiled (cuda)" in table and "Multi-draft (profiled): policy:metasd-ucb-m2 is 1.250x" in table
+
+
+def test_each_row_keeps_its_per_prompt_samples():
+    row = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.25, "t1": 2.0}), AR_IDS, ar_row())
+    assert row["samples"] == [["c1", "code", 4, 0.5], ["c2", "code", 2, 0.25], ["t1", "translation", 4, 2.0]]
+
+
+def test_the_ratio_interval_is_one_against_itself_and_above_one_for_a_run_faster_on_every_prompt():
+    from deploy.bench.uncertainty import ratio_interval
+
+    ar = ar_row()
+    slow = run_row("single:ngram", samples({"c1": 1.0, "c2": 1.0, "t1": 2.0}), AR_IDS, ar)
+    fast = run_row("policy:p", samples({"c1": 0.8, "c2": 0.9, "t1": 1.5}), AR_IDS, ar)
+    assert ratio_interval(slow, slow, [slow]) == (1.0, 1.0)
+    low, high = ratio_interval(fast, slow, [slow])
+    assert 1.0 < low <= fast["tokens_per_s"] / slow["tokens_per_s"] <= high
+
+
+def test_the_cross_validated_oracle_is_not_lifted_by_drafters_each_lucky_on_one_prompt():
+    from deploy.bench.uncertainty import cross_validated_oracle
+
+    ar = ar_row()
+    lucky_first = run_row("single:ngram", samples({"c1": 0.5, "c2": 2.0, "t1": 2.0}), AR_IDS, ar)
+    lucky_second = run_row("single:suffix", samples({"c1": 2.0, "c2": 0.5, "t1": 1.0}), AR_IDS, ar)
+    plain = oracle_row([ar, lucky_first, lucky_second])
+    cv = cross_validated_oracle([lucky_first, lucky_second])
+    # each code prompt is timed with the drafter that was fast on the other one: 2 s each
+    assert cv["chosen"]["code"] == ["single:suffix", "single:ngram"]
+    assert cv["chosen"]["translation"] == ["single:suffix"]  # one prompt: the best drafter overall
+    assert cv["tokens_per_s"] == pytest.approx(10 / 5.0) and plain["tokens_per_s"] > cv["tokens_per_s"]
+
+
+def test_the_summary_reports_the_intervals_and_the_cross_validated_oracle():
+    ar = ar_row()
+    single = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}), AR_IDS, ar)
+    policy = run_row("policy:p", samples({"c1": 0.5, "c2": 0.5, "t1": 1.25}), AR_IDS, ar)
+    rows = [ar, single, policy]
+    summary = summarize(rows + [oracle_row(rows)])
+    u = summary["uncertainty"]
+    assert u["vs_best_single_ci95"][0] <= summary["vs_best_single"] <= u["vs_best_single_ci95"][1]
+    assert u["oracle_cv"]["tokens_per_s"] == pytest.approx(single["tokens_per_s"]) and u["vs_oracle_cv"] > 1.0
+    table = render_table({"runs": rows, "summary": summary, "params": {"prompts": 3}})
+    assert "95% intervals" in table and "cross-validated oracle" in table

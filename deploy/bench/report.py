@@ -4,7 +4,9 @@ Every row has `tokens, seconds, tokens_per_s, speedup_vs_ar, lossless, mean_acce
 per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A row run at
 concurrency c > 1 (`serve:<policy>@c<c>`) adds `concurrency` and `wall_s`; its `tokens_per_s`
 is throughput (tokens over wall time), its per-task figures are per-request speeds.
-`lossless` compares every prompt's greedy token ids with `ar`. With a cost profile, in-process rows
+`lossless` compares every prompt's greedy token ids with `ar`; `samples` lists each prompt's
+`[id, task, tokens, seconds]`, from which the summary's `uncertainty` is computed (95% bootstrap
+intervals of the best policy's ratios, a cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-process rows
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
 re-timed with another device's verification costs (deploy/bench/cost_profile.py). The summary
 compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy,
@@ -21,6 +23,7 @@ import numpy as np
 
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
+from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_interval
 
 Samples = list[tuple[BenchPrompt, Sample]]
 SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
@@ -55,6 +58,7 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     is_ar = ar_row is None
     row = {"name": name, **_aggregate(samples, None if is_ar else ar_row["tokens_per_s"], wall_s)}
     row["lossless"] = all(x.token_ids == ar_ids[p.id] for p, x in samples)
+    row["samples"] = [[p.id, p.task, len(x.token_ids), round(x.seconds, 4)] for p, x in samples]
     latencies = [x.seconds for _, x in samples]
     row["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
     row["latency_p99_s"] = round(float(np.percentile(latencies, 99)), 3)
@@ -160,6 +164,14 @@ def summarize(rows: Sequence[dict]) -> dict:
     specialists = specialist_summary(rows)
     if specialists:
         out["specialists"] = specialists
+    singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]
+    if singles and "samples" in policy:
+        out["uncertainty"] = {
+            "vs_best_single_ci95": ratio_interval(policy, best("single:"), singles),
+            "vs_oracle_ci95": ratio_interval(policy, ORACLE, singles),
+            "oracle_cv": (cv := cross_validated_oracle(singles)),
+            "vs_oracle_cv": round(policy["tokens_per_s"] / cv["tokens_per_s"], 3),
+        }
     return out
 
 
@@ -196,6 +208,12 @@ def render_table(report: dict) -> str:
                            for k in ("ar", "best_single", "oracle", "best_peer") if f"vs_{k}" in summary)
         lines += ["", f"Best policy {summary['best_policy']}: {ratios}; "
                       f"{'all runs lossless' if summary['all_lossless'] else 'NOT ALL RUNS LOSSLESS'}."]
+        if "uncertainty" in summary:
+            u = summary["uncertainty"]
+            lines.append(f"95% intervals (bootstrap over prompts within tasks): vs {summary['best_single_name']} "
+                         f"[{u['vs_best_single_ci95'][0]:.3f}, {u['vs_best_single_ci95'][1]:.3f}], vs oracle "
+                         f"[{u['vs_oracle_ci95'][0]:.3f}, {u['vs_oracle_ci95'][1]:.3f}]; cross-validated oracle "
+                         f"{u['oracle_cv']['tokens_per_s']:.1f} tok/s, best policy {u['vs_oracle_cv']:.3f}x it.")
         for key, label in (("multi_draft", "measured"), ("profiled_multi_draft", "profiled")):
             if key in summary:
                 m = summary[key]
