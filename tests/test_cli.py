@@ -50,14 +50,14 @@ def test_bench_writes_the_report_schema(tmp_path):
         json.dumps({"id": "a", "task": "code", "messages": [{"role": "user", "content": "Write hello world in C."}]})
         + "\n" + json.dumps({"id": "b", "task": "chat", "prompt": "Once upon a time"}) + "\n")
     out = tmp_path / "bench.json"
-    done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "peer:*,single:*,policy:metasd-ucb",
+    done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "peer:hf-generate,single:*,policy:metasd-ucb",
                    "--out", str(out), "--no-progress", "--trace-prompt", "b")
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["params"]["max_tokens"] == 12 and report["params"]["temperature"] == 0.0
     names = [r["name"] for r in report["runs"]]
-    assert names == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup", "single:ngram", "single:suffix",
-                     "single:hierarchy", "policy:metasd-ucb", "oracle"]
+    assert names == ["ar", "peer:hf-generate", "single:ngram", "single:suffix", "single:hierarchy", "policy:metasd-ucb",
+                     "oracle"]
     assert report["summary"]["best_policy"] == "policy:metasd-ucb" and report["summary"]["all_lossless"]
     assert report["trace"]["prompt"] == "b" and len(report["trace"]["runs"]["policy:metasd-ucb"]) > 0
     for chart in ("bench.speedup.png", "bench.drafters.png"):

@@ -15,7 +15,7 @@ MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS)
 # prompt 0 again at the end: the suffix cache then holds its whole answer, so that path is exercised
 SEQUENCE = [0, 1, 2, 0]
-POLICY_SEQUENCE = [0, 2, 0]  # each policy over the same drafters: two prompts, then the suffix cache's path
+POLICY_SEQUENCE = [0, 2]  # each policy over the same drafters: two prompts (every drafter runs SEQUENCE)
 
 
 @pytest.fixture(scope="module")
