@@ -98,11 +98,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.task in wanted]
     if args.limit:
         prompts = prompts[: args.limit]
-    # a bad run or drafter name fails before the model loads
-    expand_runs(args.runs, parse_drafter_names(_drafter_names(args)), args.draft_model is not None)
+    drafters = parse_drafter_names(_drafter_names(args))
+    expand_runs(args.runs, drafters, args.draft_model is not None)  # a bad run or drafter name fails before the model loads
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
-                       drafters=_drafter_names(args), draft_model=draft_model, progress=not args.no_progress,
+                       drafters=drafters, draft_model=draft_model, progress=not args.no_progress,
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile)
     table = render_table(report)
     if args.out:
