@@ -18,7 +18,10 @@ A draft of n tokens is cut to the length l in 0..n with the most expected tokens
 then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
 the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
 with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted | n] per
-second of its forward): the engine compares a round's drafts by it. The statistics are shared by
+second of its forward): the engine compares a round's drafts by it. `tokens_to_draft` is the same choice
+made before drafting, for a drafter that pays `per_token_s` of drafting per token (a model): the
+length l in 1..k with the most expected tokens per second of drafting plus verification, or 0 when
+that rate does not beat the best draft already in hand. The statistics are shared by
 every request of the engine; concurrent updates may rarely lose one count, which only slows the
 learning.
 """
@@ -77,6 +80,18 @@ class DraftLengths:
             reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
             expected += reach_probability
             yield expected
+
+    def tokens_to_draft(self, drafter: str, per_token_s: float, k: int, floor_rate: float = 0.0) -> int:
+        """Tokens worth asking `drafter` for (drafts under its own name, source "", match 0):
+        argmax over l in 1..k of E[emitted | l] / (cost(l + 1) + l * per_token_s), or 0 when that
+        best rate is not above floor_rate (tokens per second of a draft in hand)."""
+        probe = Proposal(drafter, token_ids=(0,) * min(k, self.max_k))
+        best, best_rate = 0, floor_rate
+        for l, expected in enumerate(self._expected_emitted(probe, len(probe.token_ids)), start=1):
+            rate = expected / (self.cost_s(l + 1) + l * per_token_s)
+            if rate > best_rate:
+                best, best_rate = l, rate
+        return best
 
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))

@@ -7,7 +7,9 @@ for its forward (deploy/draft_length.py). A round with one chosen draft and shad
 verifies whichever of them promises the most tokens per second by those same statistics (its
 drafter's learned acceptance for the draft's source and match length): the bandit picks which
 drafters run, the evidence of the round's own drafts picks which one to verify, and the others
-are scored as shadows. One draft: the forward runs over [last token, draft],
+are scored as shadows. A model drafter is asked for as many tokens as pay for their drafting time
+too, and for none when a model-free draft in hand already promises more (drafting in one process
+is sequential: the cheap drafters draft first). One draft: the forward runs over [last token, draft],
 gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
 cache is cropped to the accepted path. Several distinct drafts: they are merged into a token tree
 (deploy/draft_tree.py), one forward with a tree attention mask scores every node,
@@ -45,6 +47,7 @@ from policy.registry import DEFAULT_POLICY
 from policy.reward import BD, COST, cost_reward, round_reward
 
 MAX_K = 32
+PLAIN_DRAFT = Proposal(drafter=NO_DRAFT)  # an empty draft: a plain step
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class SpeculativeEngine:
         self.verify_s_by_size = [0.0] * (self.max_positions + 1) if only_plain else [
             0.0, *target.forward_profile(self.max_positions)]
         # how many of each draft's tokens to verify, learned from the verifications (deploy/draft_length.py)
+        self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         self.draft_lengths = DraftLengths(lambda n: self.verify_s_by_size[self.padded_size[n]], lambda n: self.padded_size[n], k)
 
     def generate(
@@ -182,7 +186,9 @@ class SpeculativeEngine:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
                 start = time.perf_counter()
-                draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling)
+                draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling,
+                                                       model_tokens=self._model_tokens if cutting else None)
+                self._time_drafting(draft_round)
                 if cutting:
                     draft_round = self._pick(self._cut(draft_round))
                 draft_s = time.perf_counter() - start
@@ -203,6 +209,8 @@ class SpeculativeEngine:
                           for i, p in enumerate(draft_round.proposals)]
                 final = shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in draft_round.shadows], len(tokens))
                 final += shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
+                for score in final:  # a shadow teaches the draft lengths as a verified draft would
+                    self.draft_lengths.observe(score.proposal, score.matched)
                 drafts += [self._counterfactual(s) for s in final]
                 round_reward_ = cost_reward(accepted, draft_s, priced_s, self.plain_step_s, self.k)
                 feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_) if drafts else None
@@ -228,21 +236,40 @@ class SpeculativeEngine:
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
 
+    def _time_drafting(self, draft_round: DraftRound) -> None:
+        """Running mean of each drafter's drafting seconds per drafted token."""
+        for proposal in draft_round.proposals + draft_round.shadows:
+            if proposal.token_ids:
+                per_token_s = proposal.draft_s / len(proposal.token_ids)
+                before = self.draft_s_per_token.get(proposal.drafter)
+                self.draft_s_per_token[proposal.drafter] = per_token_s if before is None else 0.9 * before + 0.1 * per_token_s
+
+    def _model_tokens(self, drafter: str, in_hand: Sequence[Proposal]) -> int:
+        """How many tokens to ask a model drafter for, its drafting time counted: none when a draft
+        in hand already promises more tokens per second (deploy/draft_length.py); k until its
+        drafting has been timed."""
+        per_token_s = self.draft_s_per_token.get(drafter)
+        if per_token_s is None:
+            return self.k
+        floor = max((self.draft_lengths.rate(self.draft_lengths.cut(p)) for p in in_hand if p.token_ids), default=0.0)
+        return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
+
     def _cut(self, draft_round: DraftRound) -> DraftRound:
         """Each draft (chosen or shadow) cut to the length worth verifying (deploy/draft_length.py)."""
         return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
                        shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
 
     def _pick(self, draft_round: DraftRound) -> DraftRound:
-        """One chosen draft and shadows: verify the draft with the highest expected rate (the chosen
-        one on a tie); the others become the round's shadows."""
-        if len(draft_round.proposals) != 1 or not draft_round.shadows:
+        """One chosen draft (or none: its model drafter sat the round out) and shadows: verify the
+        draft with the highest expected rate (the chosen one, or a plain step, on a tie); the
+        others become the round's shadows."""
+        if len(draft_round.proposals) > 1 or not draft_round.shadows:
             return draft_round
-        chosen = draft_round.proposals[0]
+        chosen = draft_round.proposals  # none when the chosen model drafter sat the round out
         best_rate, best = max(((self.draft_lengths.rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
-        if best_rate <= self.draft_lengths.rate(chosen):
+        if best_rate <= self.draft_lengths.rate(chosen[0] if chosen else PLAIN_DRAFT):
             return draft_round
-        return DraftRound((best,), tuple(p for p in (chosen, *draft_round.shadows) if p is not best))
+        return DraftRound((best,), tuple(p for p in (*chosen, *draft_round.shadows) if p is not best))
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator

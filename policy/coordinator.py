@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -92,6 +92,8 @@ class DraftRound:
 
 
 PLAIN_ROUND = DraftRound()
+# (model drafter, the round's drafts in hand) -> how many tokens to ask it for (0: none)
+ModelTokens = Callable[[str, Sequence[Proposal]], int]
 
 
 @dataclass(frozen=True)
@@ -185,15 +187,37 @@ class Coordinator:
         feedback: RoundFeedback | None,
         k: int,
         sampling: SamplingParams,
+        model_tokens: ModelTokens | None = None,
     ) -> DraftRound:
-        """Drafting in this process runs the chosen drafters one after the other (the Ray actor
-        body runs them in parallel)."""
+        """Drafting in this process runs the drafters one after the other (the Ray actor body runs
+        them in parallel): the model-free ones first, then each chosen model drafter, asked for
+        `model_tokens(arm, drafts in hand)` tokens when given (0: it sits the round out, no
+        feedback; the drafts in hand are verified instead), else k."""
         chosen = self.select(request_id, new_tokens, feedback, k)
         if chosen is None:
             return PLAIN_ROUND
-        drafts = {arm: self.as_round(arm, self.drafters[arm].propose(request_id, chosen.deltas[arm], k, sampling), k)
-                  for arm in chosen.arms + chosen.shadows}
-        return DraftRound(tuple(drafts[a] for a in chosen.arms), tuple(drafts[a] for a in chosen.shadows))
+        asked = chosen.arms + chosen.shadows
+        cheap = [arm for arm in asked if arm in self.model_free or arm == NO_DRAFT]
+        drafts = {arm: self._draft(arm, request_id, chosen.deltas[arm], k, sampling) for arm in cheap}
+        for arm in asked:
+            if arm in drafts:
+                continue
+            arm_k = k if model_tokens is None else min(k, model_tokens(arm, tuple(drafts.values())))
+            if arm_k <= 0:
+                self._unsend(request_id, arm, chosen.deltas[arm])
+                continue
+            drafts[arm] = self._draft(arm, request_id, chosen.deltas[arm], arm_k, sampling)
+        return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows))
+
+    def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
+
+    def _unsend(self, request_id: str, arm: str, delta: Sequence[int]) -> None:
+        """The arm sat the round out: the tokens `select` counted as sent to it were not."""
+        with self._lock:
+            request = self.requests.get(request_id)
+            if request is not None and arm in request.sent:
+                request.sent[arm] -= len(delta)
 
     def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> dict[str, list[int]]:
         """Learn the last round and forget the request. -> per drafter, the tokens it has not seen."""
@@ -519,7 +543,9 @@ class RemoteCoordinator:
         self._registration: tuple[str, dict] | None = None
         self._reregister = False
 
-    def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
+    def propose(self, request_id, new_tokens, feedback, k, sampling, model_tokens=None) -> DraftRound:
+        """`model_tokens` is for sequential drafting in one process; the actor drafts in parallel
+        and asks every chosen drafter for k tokens."""
         import ray
         from ray.exceptions import RayError
 

@@ -181,3 +181,28 @@ def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
     down, removed, down_after, pool_after = asyncio.run(mark_down_then_remove())
     assert down == ["b"] and removed is b
     assert down_after == [] and pool_after == ["a"]
+
+
+
+def test_a_model_drafter_told_to_sit_out_drafts_nothing_and_later_catches_up_on_what_it_missed():
+    lookup, model = RecordingProposer("lookup", model_free=True), RecordingProposer("model")
+    coordinator = Coordinator({"lookup": lookup, "model": model}, policy="metasd-ucb-cf")
+    asked: list[tuple[str, list[str]]] = []
+
+    def sit_out(arm, in_hand):
+        asked.append((arm, [p.drafter for p in in_hand]))
+        return 0
+
+    committed, new, feedback = [1, 2, 3], [1, 2, 3], None
+    for step in range(6):  # UCB keeps choosing the model arm: sitting out teaches it nothing
+        draft_round = coordinator.propose("r", new, feedback, 3, GREEDY, sit_out)
+        assert [p.drafter for p in draft_round.proposals + draft_round.shadows] == ["lookup"]
+        feedback = verdict("lookup", 3, 0, 0.0) if draft_round.proposals else None
+        new = [100 + step]
+        committed = committed + new
+    assert len(asked) >= 5 and all(entry == ("model", ["lookup"]) for entry in asked)  # the cheap draft came first
+    assert "r" not in model.seen
+    draft_round = coordinator.propose("r", new, None, 3, GREEDY, lambda arm, in_hand: 2)
+    (proposal,) = draft_round.proposals
+    assert proposal.drafter == "model" and proposal.token_ids == (committed[-1],) * 2  # asked for 2 of k = 3
+    assert model.seen["r"] == committed  # caught up on every token it sat out

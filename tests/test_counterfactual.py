@@ -68,7 +68,7 @@ class ScriptedCoordinator:
         self.context = 0
         self.feedback = []
 
-    def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
+    def propose(self, request_id, new_tokens, feedback, k, sampling, model_tokens=None) -> DraftRound:
         self.context += len(new_tokens)
         if feedback is not None:
             self.feedback += feedback.drafts
@@ -88,8 +88,13 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     prompt = target.encode(messages=CHAT_PROMPTS[1])
     plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
     scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size)
-    result = SpeculativeEngine(target, coordinator=scripted, k=4, cut_drafts=False).run(prompt, greedy)
+    engine = SpeculativeEngine(target, coordinator=scripted, k=4, cut_drafts=False)
+    result = engine.run(prompt, greedy)
     assert result.token_ids == plain.token_ids  # every verified draft fails: one token a round
+    # the shadow, never verified, taught the draft lengths as much as the verified draft did
+    probe = (1, 2, 3, 4)
+    rate = {name: engine.draft_lengths.rate(Proposal(name, probe)) for name in ("oracle", "never-seen", "wrong")}
+    assert rate["oracle"] > rate["never-seen"] > rate["wrong"]
     oracle = [f for f in scripted.feedback if f.drafter == "oracle"]
     wrong = [f for f in scripted.feedback if f.drafter == "wrong"]
     assert all(f.counterfactual for f in oracle) and not any(f.counterfactual for f in wrong)

@@ -76,3 +76,23 @@ def test_a_cut_draft_keeps_its_q_for_the_kept_tokens():
     q = tuple(SparseDist((t,), (1.0,)) for t in (5, 6, 7))
     cut = Proposal("hf", (5, 6, 7), q, 0.01).cut(2)
     assert cut.token_ids == (5, 6) and cut.q == q[:2] and cut.drafter == "hf"
+
+
+def test_a_model_drafter_is_asked_for_fewer_tokens_the_longer_each_takes_to_draft():
+    lengths = DraftLengths(flat_cost, unpadded, 8)
+    for accepted in [2, 4, 6, 8] * 10:  # each later token less likely accepted
+        lengths.observe(Proposal("distill", tuple(range(8))), accepted=accepted)
+    cheap = lengths.tokens_to_draft("distill", per_token_s=0.0, k=8)
+    costly = lengths.tokens_to_draft("distill", per_token_s=0.2 * PLAIN_S, k=8)
+    assert cheap == 8 and 1 <= costly < cheap
+    assert lengths.tokens_to_draft("distill", per_token_s=0.0, k=3) == 3  # never more than the round's k
+
+
+def test_a_model_drafter_sits_the_round_out_when_a_draft_in_hand_promises_more():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.05 * (n - 1)), unpadded, 8)
+    for _ in range(20):
+        lengths.observe(Proposal("distill", tuple(range(8))), accepted=1)
+        lengths.observe(draft("retrieval"), accepted=6)
+    in_hand = lengths.rate(draft("retrieval"))
+    assert lengths.tokens_to_draft("distill", per_token_s=0.1 * PLAIN_S, k=8) > 0  # nothing in hand: it drafts
+    assert lengths.tokens_to_draft("distill", per_token_s=0.1 * PLAIN_S, k=8, floor_rate=in_hand) == 0

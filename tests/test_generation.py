@@ -60,7 +60,7 @@ class FailingCoordinator:
 
     reward_kind = "be"
 
-    def propose(self, *args):
+    def propose(self, *args, **kwargs):
         raise RuntimeError("The actor died unexpectedly before finishing this task.")
 
     def finish(self, *args):
