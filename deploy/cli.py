@@ -103,7 +103,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=drafters, draft_model=draft_model, progress=not args.no_progress,
-                       concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile)
+                       concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile,
+                       cut_drafts=not args.no_cut)
     table = render_table(report)
     if args.out:
         from deploy.bench.charts import drafter_chart, speedup_chart
@@ -244,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,
                        help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
+    bench.add_argument("--no-cut", action="store_true",
+                       help="verify every drafted token, not the length worth verifying: each drafter's acceptance at the full --k")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(func=cmd_bench)
 

@@ -51,10 +51,11 @@ def test_bench_writes_the_report_schema(tmp_path):
         + "\n" + json.dumps({"id": "b", "task": "chat", "prompt": "Once upon a time"}) + "\n")
     out = tmp_path / "bench.json"
     done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "peer:hf-generate,single:*,policy:metasd-ucb",
-                   "--out", str(out), "--no-progress", "--trace-prompt", "b")
+                   "--out", str(out), "--no-progress", "--trace-prompt", "b", "--no-cut")
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["params"]["max_tokens"] == 12 and report["params"]["temperature"] == 0.0
+    assert report["params"]["cut_drafts"] is False  # --no-cut: every drafted token verified
     names = [r["name"] for r in report["runs"]]
     assert names == ["ar", "peer:hf-generate", "single:ngram", "single:suffix", "single:hierarchy", "policy:metasd-ucb",
                      "oracle"]

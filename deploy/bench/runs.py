@@ -73,14 +73,18 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
     return values
 
 
-def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None) -> SpeculativeEngine:
+def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None,
+                cut_drafts: bool = True) -> SpeculativeEngine:
+    """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k."""
     vocab = target.vocab_size
     if run == "ar":
         return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
-        return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k)
-    return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k)
+        return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k,
+                                 cut_drafts=cut_drafts)
+    return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k,
+                             cut_drafts=cut_drafts)
 
 
 def run_bench(
@@ -95,6 +99,7 @@ def run_bench(
     concurrency: str | Sequence[int] = (1,),
     trace_prompt: str | None = None,
     cost_profile: str | None = None,
+    cut_drafts: bool = True,
 ) -> dict:
     from tqdm import tqdm
 
@@ -113,7 +118,7 @@ def run_bench(
         if run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
-            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model), profile)
+            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model, cut_drafts), profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     sweeps = [c for c in levels if c > 1] if serve_run else []
     service = None
@@ -151,7 +156,7 @@ def run_bench(
     return {
         "model": target.name,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
-                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1],
+                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s}} if profile else {})},
         "runs": rows,
