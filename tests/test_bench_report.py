@@ -62,6 +62,18 @@ def test_the_oracle_takes_each_tasks_best_single_drafter_and_the_summary_compare
     assert "| peer:hf-generate | 2.5 | 1.00x | yes |" in table and "Best policy policy:p" in table
 
 
+def test_a_bench_of_single_drafters_alone_still_compares_each_specialist_on_its_own_task():
+    ar = ar_row()
+    specialist = run_row("single:retrieval-code", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}, rounds=1), AR_IDS, ar)
+    generic = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}, rounds=2), AR_IDS, ar)
+    summary = summarize([ar, specialist, generic])
+    assert "best_policy" not in summary and summary["all_lossless"]
+    code = summary["specialists"]["single:retrieval-code"]
+    assert code["task"] == "code" and code["best_other"] == "single:ngram" and code["beats_others"]
+    table = render_table({"runs": [ar, specialist, generic], "summary": summary, "params": {"prompts": 3}})
+    assert "No policy run; all runs lossless." in table and "| single:retrieval-code | code |" in table
+
+
 def test_peers_expand_by_glob_and_the_assistant_needs_a_draft_model():
     assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup"]
     assert "peer:hf-assistant" in expand_runs("peer:*", POOL, has_draft_model=True)

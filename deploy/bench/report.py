@@ -142,9 +142,10 @@ def summarize(rows: Sequence[dict]) -> dict:
         group = [r for r in rows if r["name"].startswith(prefix) and "concurrency" not in r]
         return max(group, key=lambda r: r["tokens_per_s"]) if group else None
 
+    specialists = specialist_summary(rows)
     policy = best("policy:")
-    if policy is None:
-        return {}
+    if policy is None:  # a bench of single drafters still measures the specialists
+        return {"all_lossless": all(r["lossless"] for r in rows), **({"specialists": specialists} if specialists else {})}
     out = {"best_policy": policy["name"], "all_lossless": all(r["lossless"] for r in rows)}
     for label, other in (("ar", rows[0]), ("best_single", best("single:")), ("oracle", best("oracle")),
                          ("best_peer", best("peer:"))):
@@ -161,7 +162,6 @@ def summarize(rows: Sequence[dict]) -> dict:
             best_multi, best_one = max(multi, key=speed), max(one, key=speed)
             out[f"{key}multi_draft"] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
                                         "ratio": round(speed(best_multi) / speed(best_one), 3)}
-    specialists = specialist_summary(rows)
     if specialists:
         out["specialists"] = specialists
     singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]
@@ -206,8 +206,9 @@ def render_table(report: dict) -> str:
     if summary:
         ratios = ", ".join(f"{summary[f'vs_{k}']:.3f}x {summary[f'{k}_name']}"
                            for k in ("ar", "best_single", "oracle", "best_peer") if f"vs_{k}" in summary)
-        lines += ["", f"Best policy {summary['best_policy']}: {ratios}; "
-                      f"{'all runs lossless' if summary['all_lossless'] else 'NOT ALL RUNS LOSSLESS'}."]
+        lossless = 'all runs lossless' if summary['all_lossless'] else 'NOT ALL RUNS LOSSLESS'
+        lines += ["", f"Best policy {summary['best_policy']}: {ratios}; {lossless}." if "best_policy" in summary
+                  else f"No policy run; {lossless}."]
         if "uncertainty" in summary:
             u = summary["uncertainty"]
             lines.append(f"95% intervals (bootstrap over prompts within tasks): vs {summary['best_single_name']} "
