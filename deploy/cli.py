@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     bench.add_argument("--cost-profile", default=None,
-                       help="also re-time in-process runs with a device's verification cost profile "
+                       help="run in-process engines as on a device with this verification cost profile (its costs "
+                            "decide cuts, budgets and rewards) and also report their speed re-timed with it "
                             "(python -m deploy.bench.verify_cost --out FILE; shipped: deploy/bench/results/h200.verify_cost.json)")
     bench.add_argument("--concurrency", default="1",
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")

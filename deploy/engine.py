@@ -20,6 +20,11 @@ cost reward prices their draft at its own drafting time plus the measured cost o
 draft of its length. The no-draft arm, empty proposals or a
 one-token budget make the round a plain target step. Greedy output equals plain decoding token
 for token; sampled output follows the target's distribution.
+
+With `device=` (a measured cost profile of another device, deploy/cost_profile.py) the engine
+decides as it would there: the profile's forward costs price verifications (cuts, model-drafter
+budgets, rewards; no padding), and a model drafter's drafting time is scaled to the same share of
+a plain step there as here. Only decisions change; every forward still runs here, losslessly.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import torch
 
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
+from deploy.cost_profile import CostProfile
 from deploy.counterfactual import CounterfactualScorer, ShadowScore
 from deploy.draft_length import DraftLengths
 from deploy.draft_tree import ROOT, DraftTree
@@ -59,8 +65,8 @@ class RoundTrace:
     reward: float
     draft_s: float  # the coordinator call as the target saw it (selection, RPCs, drafting)
     verify_s: float
-    drafter_s: float = 0.0  # the slowest drafter's own drafting time (chosen and shadow drafts)
-    drafting_sum_s: float = 0.0  # every drafter's own drafting time, summed
+    drafter_s: float = 0.0  # the slowest drafter's own drafting time (chosen and shadow drafts; on the engine's device)
+    drafting_sum_s: float = 0.0  # every drafter's own drafting time as measured here, summed
 
     @property
     def parallel_draft_s(self) -> float:
@@ -122,18 +128,22 @@ class SpeculativeEngine:
         max_padding: int = 4,
         coordinator: Coordinator | None = None,
         cut_drafts: bool = True,
+        device: CostProfile | None = None,
     ) -> None:
         """cut_drafts: verify only as much of each draft as pays for its forward, and of one chosen
         draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
         drafted token of the drafts chosen. A sampled request with a seed always verifies the
         chosen drafts whole: cut and pick depend on measured times, and its output must depend on
-        the seed alone."""
+        the seed alone. device: decide on that device's costs (module docstring); it needs a local
+        coordinator, which knows which drafters run a model."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
             raise ValueError("give drafters (a local coordinator is built) or a coordinator, not both")
-        self.target, self.k, self.cut_drafts = target, k, cut_drafts
+        self.target, self.k, self.cut_drafts, self.device = target, k, cut_drafts, device
         self.coordinator = coordinator if coordinator is not None else Coordinator(drafters, policy, seed)
+        if device is not None and not isinstance(self.coordinator, Coordinator):
+            raise ValueError("device= needs a local coordinator (it scales the model drafters' drafting times)")
         self.reward_kind = self.coordinator.reward_kind
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
@@ -143,13 +153,17 @@ class SpeculativeEngine:
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         # padded_size[n]: the forward size for n positions (the cheapest size >= n)
         self.padded_size = list(range(self.max_positions + 1))
-        if max_padding and not only_plain:
+        if max_padding and not only_plain and device is None:
             self.padded_size = [target.padded_length(n, self.max_positions) for n in self.padded_size]
         # verify_s_by_size[n]: seconds of a one-draft verification over a forward of n positions
         # (the target's profile at first, then a running mean of the rounds seen; 1 = a plain
-        # step): what the cost reward compares with, and what a shadow draft would have cost
-        self.verify_s_by_size = [0.0] * (self.max_positions + 1) if only_plain else [
-            0.0, *target.forward_profile(self.max_positions)]
+        # step; on a device: its profile, fixed): what the cost reward compares with, and what a
+        # shadow draft would have cost
+        here = [0.0] * (self.max_positions + 1) if only_plain else [0.0, *target.forward_profile(self.max_positions)]
+        self.verify_s_by_size = here if device is None or only_plain else [
+            0.0, *(device.forward_s(n) for n in range(1, self.max_positions + 1))]
+        # a model drafter's drafting seconds here -> on the device: the same share of a plain step
+        self.draft_scale = device.plain_step_s / here[1] if device is not None and here[1] else 1.0
         # how many of each draft's tokens to verify, learned from the verifications (deploy/draft_length.py)
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         self.draft_lengths = DraftLengths(lambda n: self.verify_s_by_size[self.padded_size[n]], lambda n: self.padded_size[n], k)
@@ -188,6 +202,8 @@ class SpeculativeEngine:
                 start = time.perf_counter()
                 draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling,
                                                        model_tokens=self._model_tokens if cutting else None)
+                drafting_s = sum(p.draft_s for p in draft_round.proposals + draft_round.shadows)  # measured here
+                draft_round = self._on_device(draft_round)
                 self._time_drafting(draft_round)
                 if cutting:
                     draft_round = self._pick(self._cut(draft_round))
@@ -197,12 +213,11 @@ class SpeculativeEngine:
                 emitted_ids, drafted, scores, branch, chain_size = self._verify(cache, tokens, draft_round, sampling, generator)
                 verify_s = time.perf_counter() - start
                 self._track_verify_cost(chain_size, verify_s)
-                priced_s = self._priced_verify_s(chain_size, verify_s)
+                priced_s = self._priced_verify_s(chain_size, drafted + 1, verify_s)
                 accepted = len(emitted_ids) - 1
                 for proposal, (proposal_accepted, _) in zip(draft_round.proposals, scores):
                     self.draft_lengths.observe(proposal, proposal_accepted)
                 own_s = [p.draft_s for p in draft_round.proposals + draft_round.shadows]  # each drafter's own time
-                drafting_s = sum(own_s)
                 # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
                 overhead_s = max(0.0, draft_s - drafting_s)
                 drafts = [self._feedback(p, *scores[i], p.draft_s + overhead_s, priced_s)
@@ -212,7 +227,9 @@ class SpeculativeEngine:
                 for score in final:  # a shadow teaches the draft lengths as a verified draft would
                     self.draft_lengths.observe(score.proposal, score.matched)
                 drafts += [self._counterfactual(s) for s in final]
-                round_reward_ = cost_reward(accepted, draft_s, priced_s, self.plain_step_s, self.k)
+                # on a device its drafters draft in parallel, as actors on their own devices
+                round_draft_s = draft_s if self.device is None else overhead_s + max(own_s, default=0.0)
+                round_reward_ = cost_reward(accepted, round_draft_s, priced_s, self.plain_step_s, self.k)
                 feedback = RoundFeedback(tuple(drafts), draft_round.width, round_reward_) if drafts else None
                 before = len(output)
                 emitted, finish = self._emit(output, emitted_ids, sampling)
@@ -235,6 +252,17 @@ class SpeculativeEngine:
             while output and any(stop in self.target.decode(output[:-1]) for stop in sampling.stop):
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
+
+    def _on_device(self, draft_round: DraftRound) -> DraftRound:
+        """The round's drafts with each model drafter's drafting time as on the engine's device."""
+        if self.draft_scale == 1.0:
+            return draft_round
+        model_free = self.coordinator.model_free
+
+        def scaled(proposals: tuple[Proposal, ...]) -> tuple[Proposal, ...]:
+            return tuple(p if p.drafter in model_free else replace(p, draft_s=p.draft_s * self.draft_scale) for p in proposals)
+
+        return replace(draft_round, proposals=scaled(draft_round.proposals), shadows=scaled(draft_round.shadows))
 
     def _time_drafting(self, draft_round: DraftRound) -> None:
         """Running mean of each drafter's drafting seconds per drafted token."""
@@ -349,16 +377,18 @@ class SpeculativeEngine:
         """Seconds of a plain target step (0 for a plain-decoding-only engine)."""
         return self.verify_s_by_size[1]
 
-    def _priced_verify_s(self, chain_size: int, verify_s: float) -> float:
+    def _priced_verify_s(self, chain_size: int, positions: int, verify_s: float) -> float:
         """What a verification is charged in rewards: the running mean for its forward size, the
         price a shadow draft of that size is charged too, so one slow forward (the machine's noise,
         not the drafter's doing) does not sink the arm that happened to be pulled; a tree's
-        forward (no running mean) is charged as measured."""
+        forward (no running mean) is charged as measured. On a device: its cost for the positions."""
+        if self.device is not None:
+            return self.device.forward_s(positions)
         return self.verify_s_by_size[chain_size] if chain_size and self.verify_s_by_size[chain_size] else verify_s
 
     def _track_verify_cost(self, chain_size: int, verify_s: float) -> None:
         """Running mean of the verification time of a one-draft (or plain) forward of that size."""
-        if chain_size and self.verify_s_by_size[chain_size]:
+        if chain_size and self.verify_s_by_size[chain_size] and self.device is None:
             self.verify_s_by_size[chain_size] = 0.9 * self.verify_s_by_size[chain_size] + 0.1 * verify_s
 
     def _emit(self, output: list[int], new_tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, str | None]:

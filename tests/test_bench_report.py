@@ -100,17 +100,19 @@ def test_concurrency_levels_are_sorted_and_deduplicated():
     assert parse_concurrency("8,1,4,4") == (1, 4, 8)
 
 
-def test_a_cost_profile_re_times_each_round_by_its_verified_positions(tmp_path):
+def test_a_cost_profile_re_times_each_round_by_its_verified_positions_and_prices_larger_trees_on_its_slope(tmp_path):
     import json
 
-    from deploy.bench.cost_profile import CostProfile
+    from deploy.cost_profile import CostProfile
 
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.02, "chain": {"1": 1.0, "8": 1.1, "15": 1.2}}))
     profile = CostProfile.load(path)
     # prefill (one step) + a plain round + an 8-position round with 1 ms of drafting
     assert profile.request_s([(1, 0.0), (8, 0.001)]) == pytest.approx(0.02 * (1 + 1.0 + 1.1) + 0.001)
-    assert profile.forward_s(40) == pytest.approx(0.02 * 1.2)  # beyond the profile: its largest measured size
+    assert profile.forward_s(5) == pytest.approx(0.02 * 1.1)  # between sizes: the next measured one
+    # beyond the profile: on from the largest along the fitted slope (0.1 plain steps per 7 positions)
+    assert profile.forward_s(40) == pytest.approx(0.02 * (1.2 + 25 * 0.1 / 7))
     path.write_text("{}")
     with pytest.raises(InvalidRequestError, match="cost_profile"):
         CostProfile.load(path)
@@ -119,7 +121,7 @@ def test_a_cost_profile_re_times_each_round_by_its_verified_positions(tmp_path):
 def test_a_profiled_round_charges_its_drafters_in_parallel_as_actors_on_their_own_devices(tmp_path):
     import json
 
-    from deploy.bench.cost_profile import CostProfile
+    from deploy.cost_profile import CostProfile
     from deploy.engine import GenerationResult, RoundTrace
 
     path = tmp_path / "gpu.json"
@@ -141,12 +143,17 @@ def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
     assert ar["profiled"]["speedup_vs_ar"] == 1.0 and one["profiled"]["speedup_vs_ar"] == 2.0
     assert multi["profiled"]["per_task"] == {"code": 2.5, "translation": 2.5}
     summary = summarize([ar, one, multi])
-    assert summary["multi_draft"] == {"best_multi": "policy:metasd-ucb-m2", "best_one_drafter": "policy:metasd-ucb",
-                                      "ratio": pytest.approx(0.5 / 0.6, abs=1e-3)}
-    assert summary["profiled_multi_draft"]["ratio"] == pytest.approx(1.0 / 0.8, abs=1e-3)
+    measured, profiled = summary["multi_draft"], summary["profiled_multi_draft"]
+    assert (measured["best_multi"], measured["best_one_drafter"]) == ("policy:metasd-ucb-m2", "policy:metasd-ucb")
+    assert measured["ratio"] == pytest.approx(0.5 / 0.6, abs=1e-3)
+    assert profiled["ratio"] == pytest.approx(1.0 / 0.8, abs=1e-3)
+    # each interval resamples its own seconds: every prompt is 1.25x profiled, 0.83x measured
+    assert profiled["ci95"] == pytest.approx((1.25, 1.25)) and measured["ci95"] == pytest.approx((0.833, 0.833))
     table = render_table({"runs": [ar, one, multi], "summary": summary,
                           "params": {"prompts": 3, "cost_profile": {"device": "cuda"}}})
-    assert "profiled (cuda)" in table and "Multi-draft (profiled): policy:metasd-ucb-m2 is 1.250x" in table
+    assert "profiled (cuda)" in table
+    assert "Multi-draft (profiled): policy:metasd-ucb-m2 is 1.250x policy:metasd-ucb (95% interval 1.250-1.250)" in table
+    assert "| policy:metasd-ucb-m2 | 2.50x | 2.50x |" in table  # the profiled per-task table
 
 
 def test_each_row_keeps_its_per_prompt_samples():

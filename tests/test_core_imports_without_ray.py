@@ -8,7 +8,7 @@ CORE_MODULES = [
     "policy.bandit", "policy.ucb", "policy.sw_ucb", "policy.exp3", "policy.thompson", "policy.sequential_halving",
     "policy.random_arm", "policy.fixed", "policy.reward", "policy.registry", "policy.coordinator",
     "deploy.errors", "deploy.auth", "deploy.generation", "deploy.sampling", "deploy.verify", "deploy.draft_tree",
-    "deploy.tree_verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.bench.cost_profile",
+    "deploy.tree_verify", "deploy.target", "deploy.engine", "deploy.bench", "deploy.cost_profile",
     "deploy.bench.verify_cost", "deploy.cli", "deploy.specialists.tasks", "deploy.specialists.corpus",
     "deploy.specialists.distill", "deploy.specialists.build",
 ]

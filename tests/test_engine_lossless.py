@@ -4,6 +4,7 @@ import pytest
 
 from actors.hf import HFModelProposer
 from actors.no_draft import NO_DRAFT
+from actors.proposal import Proposal
 from actors.pool import build_drafters
 from deploy.engine import SpeculativeEngine
 from deploy.sampling import SamplingParams
@@ -122,3 +123,33 @@ def test_greedy_drafts_are_cut_to_the_rules_length_and_stay_lossless_while_seede
     assert max(r.drafted for r in greedy.rounds) == 1
     seeded = engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.5, seed=3))
     assert max(r.drafted for r in seeded.rounds) > 1
+
+
+def test_an_engine_deciding_as_on_a_flat_cost_device_stays_lossless_and_scales_only_model_drafting(
+        target, early_exit_drafter_model, plain, tmp_path):
+    import json
+
+    from deploy.cost_profile import CostProfile
+
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.0}}))
+    device = CostProfile.load(path)
+
+    def engine(drafter: str) -> SpeculativeEngine:
+        drafters = build_drafters([drafter], early_exit_drafter_model, target.vocab_size)
+        return SpeculativeEngine(target, drafters, policy=f"fixed:{drafter}", device=device)
+
+    model = engine("hf")
+    last = assert_matches_plain(model, plain, POLICY_SEQUENCE)
+    # its costs are the device's: no padding, every forward size one plain step there
+    assert model.padded_size == list(range(model.max_positions + 1))
+    assert model.verify_s_by_size[1:] == [0.004] * model.max_positions
+    assert model.draft_scale == pytest.approx(0.004 / target.forward_profile(model.max_positions)[0])
+    # on a flat-cost device a fresh drafter's whole draft is worth verifying
+    assert model.draft_lengths.best_length(Proposal("fresh", token_ids=(1,) * 7)) == 7
+    # a model drafter's drafting time counts as the same share of a plain step there as here ...
+    drafted = [r for r in last.rounds if r.drafting_sum_s > 0]
+    assert drafted and all(r.drafter_s == pytest.approx(r.drafting_sum_s * model.draft_scale) for r in drafted)
+    # ... a model-free drafter's as measured (it runs on a CPU beside the device either way)
+    lookup = assert_matches_plain(engine("ngram"), plain, [0])
+    assert all(r.drafter_s == pytest.approx(r.drafting_sum_s) for r in lookup.rounds)

@@ -5,11 +5,13 @@ per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A ro
 concurrency c > 1 (`serve:<policy>@c<c>`) adds `concurrency` and `wall_s`; its `tokens_per_s`
 is throughput (tokens over wall time), its per-task figures are per-request speeds.
 `lossless` compares every prompt's greedy token ids with `ar`; `samples` lists each prompt's
-`[id, task, tokens, seconds]`, from which the summary's `uncertainty` is computed (95% bootstrap
-intervals of the best policy's ratios, a cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-process rows
+`[id, task, tokens, seconds]` (plus its profiled seconds, with a cost profile), from which the
+summary's `uncertainty` is computed (95% bootstrap intervals of the best policy's ratios, a
+cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-process rows
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
-re-timed with another device's verification costs (deploy/bench/cost_profile.py). The summary
-compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy,
+re-timed with another device's verification costs (deploy/cost_profile.py). The summary
+compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy
+(with a 95% interval),
 and each specialist (`single:retrieval-<task>`, `single:distill-<task>`) on its own task with the
 generic drafters and the other tasks' specialists: tokens per forward (acceptance) and drafting
 cost per drafted token.
@@ -58,7 +60,8 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     is_ar = ar_row is None
     row = {"name": name, **_aggregate(samples, None if is_ar else ar_row["tokens_per_s"], wall_s)}
     row["lossless"] = all(x.token_ids == ar_ids[p.id] for p, x in samples)
-    row["samples"] = [[p.id, p.task, len(x.token_ids), round(x.seconds, 4)] for p, x in samples]
+    row["samples"] = [[p.id, p.task, len(x.token_ids), round(x.seconds, 4)]
+                      + ([round(x.profiled_s, 5)] if x.profiled_s is not None else []) for p, x in samples]
     latencies = [x.seconds for _, x in samples]
     row["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
     row["latency_p99_s"] = round(float(np.percentile(latencies, 99)), 3)
@@ -162,6 +165,8 @@ def summarize(rows: Sequence[dict]) -> dict:
             best_multi, best_one = max(multi, key=speed), max(one, key=speed)
             out[f"{key}multi_draft"] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
                                         "ratio": round(speed(best_multi) / speed(best_one), 3)}
+            if "samples" in best_multi and "samples" in best_one:
+                out[f"{key}multi_draft"]["ci95"] = ratio_interval(best_multi, best_one, [], profiled=bool(key))
     if specialists:
         out["specialists"] = specialists
     singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]
@@ -193,6 +198,11 @@ def render_table(report: dict) -> str:
             cells.insert(0, f"{row['profiled']['speedup_vs_ar']:.2f}x" if "profiled" in row else "")
         lines.append(f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup_vs_ar']:.2f}x | "
                      f"{'yes' if row['lossless'] else 'NO'} | {mal} | {' | '.join(cells)} |")
+    if profiled:
+        lines += ["", f"Profiled ({report['params']['cost_profile']['device']}) per task, vs ar:", "",
+                  "| run | " + " | ".join(tasks) + " |", "|" + "---|" * (1 + len(tasks))]
+        lines += [f"| {row['name']} | " + " | ".join(f"{row['profiled']['per_task'][t]:.2f}x" for t in tasks) + " |"
+                  for row in runs if "profiled" in row]
     service = [r for r in runs if r["name"].startswith("serve:")]
     if service:
         lines += ["", "| service run | concurrency | requests | tok/s (throughput) | vs ar | p50 latency s | p99 latency s | lossless |",
@@ -218,7 +228,8 @@ def render_table(report: dict) -> str:
         for key, label in (("multi_draft", "measured"), ("profiled_multi_draft", "profiled")):
             if key in summary:
                 m = summary[key]
-                lines.append(f"Multi-draft ({label}): {m['best_multi']} is {m['ratio']:.3f}x {m['best_one_drafter']}.")
+                interval = f" (95% interval {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f})" if "ci95" in m else ""
+                lines.append(f"Multi-draft ({label}): {m['best_multi']} is {m['ratio']:.3f}x {m['best_one_drafter']}{interval}.")
         if "specialists" in summary:
             lines += ["", ("| specialist | own task | tokens/forward there | best generic or other-task drafter there | "
                            "its tokens/forward | beats them | draft ms per drafted token |"), "|---|---|---|---|---|---|---|"]

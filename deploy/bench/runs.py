@@ -16,11 +16,11 @@ from collections.abc import Sequence
 
 from actors.no_draft import NO_DRAFT
 from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
-from deploy.bench.cost_profile import CostProfile
 from deploy.bench.peers import HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
+from deploy.cost_profile import CostProfile
 from deploy.engine import SpeculativeEngine
 from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams
@@ -74,17 +74,18 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
 
 
 def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None,
-                cut_drafts: bool = True) -> SpeculativeEngine:
-    """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k."""
+                cut_drafts: bool = True, device: CostProfile | None = None) -> SpeculativeEngine:
+    """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k.
+    device: the engine decides as on that device (`--cost-profile`; deploy/engine.py)."""
     vocab = target.vocab_size
     if run == "ar":
         return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
         return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k,
-                                 cut_drafts=cut_drafts)
+                                 cut_drafts=cut_drafts, device=device)
     return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k,
-                             cut_drafts=cut_drafts)
+                             cut_drafts=cut_drafts, device=device)
 
 
 def run_bench(
@@ -114,11 +115,14 @@ def run_bench(
     if serve_run and 1 not in levels:
         run_names.remove(serve_run)  # only the concurrency sweep runs
     generators = {}
+    draft_scale = 1.0  # a model drafter's drafting seconds here -> on the profile's device
     for run in run_names:
         if run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
-            generators[run] = _engine_generator(make_engine(run, target, drafter_names, k, draft_model, cut_drafts), profile)
+            engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
+            draft_scale = engine.draft_scale if run != "ar" else draft_scale
+            generators[run] = _engine_generator(engine, profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     sweeps = [c for c in levels if c > 1] if serve_run else []
     service = None
@@ -158,7 +162,8 @@ def run_bench(
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
                    "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
-                                        "plain_step_s": profile.plain_step_s}} if profile else {})},
+                                        "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
+                      if profile else {})},
         "runs": rows,
         "summary": summarize(rows),
         "trace": {"prompt": trace_id, "task": traced.task,

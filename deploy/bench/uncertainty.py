@@ -1,6 +1,6 @@
 """How sure a bench's comparisons are, from the per-prompt samples every row carries.
 
-A row's `samples` are `[prompt id, task, tokens, seconds]`, one per prompt. Runs are interleaved
+A row's `samples` are `[prompt id, task, tokens, seconds(, profiled seconds)]`, one per prompt. Runs are interleaved
 (every run generates prompt i before any run generates prompt i+1), so two runs can be compared
 prompt by prompt; what remains is the noise of each generation (on a shared machine, 5-10%).
 
@@ -25,8 +25,9 @@ RESAMPLES = 2000
 SEED = 0
 
 
-def _matrix(rows: Sequence[dict]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(task of each prompt, tokens [run, prompt], seconds [run, prompt]) in the first row's prompt order."""
+def _matrix(rows: Sequence[dict], profiled: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(task of each prompt, tokens [run, prompt], seconds [run, prompt]; profiled seconds if asked)
+    in the first row's prompt order."""
     order = [s[0] for s in rows[0]["samples"]]
     tasks = [s[1] for s in rows[0]["samples"]]
     tokens = np.zeros((len(rows), len(order)))
@@ -34,7 +35,7 @@ def _matrix(rows: Sequence[dict]) -> tuple[list[str], np.ndarray, np.ndarray]:
     for r, row in enumerate(rows):
         by_id = {s[0]: s for s in row["samples"]}
         tokens[r] = [by_id[p][2] for p in order]
-        seconds[r] = [by_id[p][3] for p in order]
+        seconds[r] = [by_id[p][4 if profiled else 3] for p in order]
     return tasks, tokens, seconds
 
 
@@ -66,11 +67,11 @@ def _resample_weights(tasks: list[str], resamples: int, seed: int) -> np.ndarray
 
 
 def ratio_interval(a: dict, b: dict | str, singles: Sequence[dict], resamples: int = RESAMPLES,
-                   seed: int = SEED) -> tuple[float, float]:
-    """95% bootstrap interval of tokens_per_s(a) / tokens_per_s(b); b = ORACLE: the per-task best of
-    `singles`, chosen again in every resample."""
+                   seed: int = SEED, profiled: bool = False) -> tuple[float, float]:
+    """95% bootstrap interval of tokens_per_s(a) / tokens_per_s(b) (profiled: on the rows' profiled
+    seconds); b = ORACLE: the per-task best of `singles`, chosen again in every resample."""
     rows = [a, *singles] if b == ORACLE else [a, b]
-    tasks, tokens, seconds = _matrix(rows)
+    tasks, tokens, seconds = _matrix(rows, profiled)
     weights = _resample_weights(tasks, resamples, seed)
     rate_a = (weights @ tokens[0]) / (weights @ seconds[0])
     rate_b = _oracle_rate(weights, tasks, tokens[1:], seconds[1:]) if b == ORACLE else (weights @ tokens[1]) / (weights @ seconds[1])
