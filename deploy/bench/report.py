@@ -159,14 +159,17 @@ def summarize(rows: Sequence[dict]) -> dict:
     multi = [r for r in policies if is_multi_draft(r["name"])]
     one = [r for r in policies if not is_multi_draft(r["name"])]
     if multi and one:
-        for key, speed in (("", lambda r: r["tokens_per_s"]), ("profiled_", lambda r: r.get("profiled", {}).get("tokens_per_s"))):
+        for key, profiled in (("multi_draft", False), ("profiled_multi_draft", True)):
+            def speed(r: dict, profiled: bool = profiled) -> float | None:
+                return r.get("profiled", {}).get("tokens_per_s") if profiled else r["tokens_per_s"]
+
             if speed(multi[0]) is None:
                 continue
             best_multi, best_one = max(multi, key=speed), max(one, key=speed)
-            out[f"{key}multi_draft"] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
-                                        "ratio": round(speed(best_multi) / speed(best_one), 3)}
+            out[key] = {"best_multi": best_multi["name"], "best_one_drafter": best_one["name"],
+                        "ratio": round(speed(best_multi) / speed(best_one), 3)}
             if "samples" in best_multi and "samples" in best_one:
-                out[f"{key}multi_draft"]["ci95"] = ratio_interval(best_multi, best_one, [], profiled=bool(key))
+                out[key]["ci95"] = ratio_interval(best_multi, best_one, [], profiled=profiled)
     if specialists:
         out["specialists"] = specialists
     singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]

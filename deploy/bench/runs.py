@@ -121,7 +121,8 @@ def run_bench(
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
             engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
-            draft_scale = engine.draft_scale if run != "ar" else draft_scale
+            if run != "ar":  # ar runs without the profile
+                draft_scale = engine.draft_scale
             generators[run] = _engine_generator(engine, profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     sweeps = [c for c in levels if c > 1] if serve_run else []
