@@ -59,7 +59,7 @@ specialists: install
 	$(VENV)/bin/specfleet specialists
 
 # the specialist pool on the mixed set (README "Task specialists")
-SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-cf,policy:metasd-ucb-cost-cf-warm
+SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-mbest,policy:metasd-ucb-cost-mbest-warm
 bench-specialists: specialists
 	$(VENV)/bin/specfleet bench --pool specialists --prompts $(PROMPTS) --max-tokens 128 \
 		--runs '$(SPECIALIST_RUNS)' --out bench-out/specialists.json

@@ -3,11 +3,11 @@
 Per round: one coordinator call (the newly committed tokens and the previous round's feedback
 go in, the drafts of up to k tokens of the drafters the coordinator's bandit chose come out);
 one target forward verifies them, each draft first cut to the length whose expected yield pays
-for its forward (deploy/draft_length.py). A round with one chosen draft and shadow drafts (`-cf`)
+for its forward (deploy/draft_length.py). A `-mbest` round (one chosen draft and shadow drafts)
 verifies whichever of them promises the most tokens per second by those same statistics (its
 drafter's learned acceptance for the draft's source and match length): the bandit picks which
 drafters run, the evidence of the round's own drafts picks which one to verify, and the others
-are scored as shadows. A model drafter is asked for as many tokens as pay for their drafting time
+are scored as shadows; a `-cf` round verifies its chosen draft and only scores the shadows. A model drafter is asked for as many tokens as pay for their drafting time
 too, and for none when a model-free draft in hand already promises more (drafting in one process
 is sequential: the cheap drafters draft first). One draft: the forward runs over [last token, draft],
 gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
@@ -130,8 +130,8 @@ class SpeculativeEngine:
         cut_drafts: bool = True,
         device: CostProfile | None = None,
     ) -> None:
-        """cut_drafts: verify only as much of each draft as pays for its forward, and of one chosen
-        draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
+        """cut_drafts: verify only as much of each draft as pays for its forward, and in a `-mbest`
+        round, of one chosen draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
         drafted token of the drafts chosen. A sampled request with a seed always verifies the
         chosen drafts whole: cut and pick depend on measured times, and its output must depend on
         the seed alone. device: decide on that device's costs (module docstring); it needs a local
@@ -288,16 +288,16 @@ class SpeculativeEngine:
                        shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
 
     def _pick(self, draft_round: DraftRound) -> DraftRound:
-        """One chosen draft (or none: its model drafter sat the round out) and shadows: verify the
-        draft with the highest expected rate (the chosen one, or a plain step, on a tie); the
-        others become the round's shadows."""
-        if len(draft_round.proposals) > 1 or not draft_round.shadows:
+        """A `pick_best` round of one chosen draft (or none: its model drafter sat the round out)
+        and shadows: verify the draft with the highest expected rate (the chosen one, or a plain
+        step, on a tie); the others become the round's shadows."""
+        if not draft_round.pick_best or len(draft_round.proposals) > 1 or not draft_round.shadows:
             return draft_round
         chosen = draft_round.proposals  # none when the chosen model drafter sat the round out
         best_rate, best = max(((self.draft_lengths.rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
         if best_rate <= self.draft_lengths.rate(chosen[0] if chosen else PLAIN_DRAFT):
             return draft_round
-        return DraftRound((best,), tuple(p for p in (*chosen, *draft_round.shadows) if p is not best))
+        return replace(draft_round, proposals=(best,), shadows=tuple(p for p in (*chosen, *draft_round.shadows) if p is not best))
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator

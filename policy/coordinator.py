@@ -18,7 +18,9 @@ with a UCB over widths on the round's cost reward, shared across requests); the 
 their drafts together. With `-cf`, the model-free drafters not chosen draft too (`shadows`:
 never verified; the target scores them against the output, counterfactual feedback); the no-draft
 arm, when not chosen, is a shadow that drafts nothing (its cost reward is what a plain step would
-have scored), so no policy has to pull it to learn it.
+have scored), so no policy has to pull it to learn it. With `-mbest` (and `-mauto`) the round is
+marked `pick_best`: the engine verifies whichever of the chosen draft and the shadows promises the
+most, so several drafters draft and one draft is verified.
 
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
@@ -79,6 +81,7 @@ class RoundFeedback:
 class DraftRound:
     proposals: tuple[Proposal, ...] = ()  # to verify; drafts may be empty
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
+    pick_best: bool = False  # verify whichever of one chosen draft and the shadows promises most (-mbest)
 
     @property
     def width(self) -> int:
@@ -202,12 +205,15 @@ class Coordinator:
         for arm in asked:
             if arm in drafts:
                 continue
-            arm_k = k if model_tokens is None else min(k, model_tokens(arm, tuple(drafts.values())))
+            # the drafts that could be verified instead: the shadows' too only when the round picks among them
+            in_hand = tuple(d for a, d in drafts.items() if self.spec.pick_best or a in chosen.arms)
+            arm_k = k if model_tokens is None else min(k, model_tokens(arm, in_hand))
             if arm_k <= 0:
                 self._unsend(request_id, arm, chosen.deltas[arm])
                 continue
             drafts[arm] = self._draft(arm, request_id, chosen.deltas[arm], arm_k, sampling)
-        return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows))
+        return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows),
+                          self.spec.pick_best)
 
     def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
@@ -356,7 +362,7 @@ class CoordinatorActor:
                                          for arm in asked))
         by_arm = dict(zip(asked, drafts))
         shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a] is not None)
-        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows)
+        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best)
 
     async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
         """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a

@@ -6,14 +6,20 @@
     exp3, thompson, sh, sw-ucb, random   (BD reward)
     fixed:<drafter>   always that drafter
 
-Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto][-cf][-warm]
+Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest][-cf][-warm]
 
     -m<N>, -mall  draft with the top N (or all) drafting arms by the policy's index each round,
                   verified together as one token tree (the paper uses one; default -m1)
     -mauto        choose N each round: a UCB over N = 1..AUTO_MAX_WIDTH on the round's cost reward
-                  (accepted tokens per second of drafting + verification, shared across requests)
+                  (accepted tokens per second of drafting + verification, shared across requests);
+                  a round of width 1 verifies as -mbest does
+    -mbest        the chosen arm and every model-free drafter draft each round; the engine verifies
+                  the one draft (or plain step) that promises the most tokens per second by its
+                  drafter's learned acceptance (deploy/engine.py); the others are scored as -cf
+                  shadows. Several drafters draft, one draft is verified. Implies -cf.
     -cf           counterfactual feedback: model-free drafters not chosen also draft each round
-                  (no target cost) and learn from how far their draft matches the output
+                  (no target cost) and learn from how far their draft matches the output; only
+                  the chosen arm's draft is verified (a one-drafter policy)
     -warm         warm-start each request's bandit from earlier requests' statistics
                   (PRIOR_WEIGHT pseudo-pulls per arm; with -cf, PRIOR_WEIGHT_PULLED for the arms
                   the request sees only by pulling them: the costly model drafters)
@@ -53,7 +59,7 @@ PRIOR_WEIGHT_PULLED = 32.0  # ... with -cf, each arm not observed for free (meas
 COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: see README)
 AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
 ALL = 0  # width: every drafting arm
-_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto))?(?P<cf>-cf)?(?P<warm>-warm)?$")
+_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best))?(?P<cf>-cf)?(?P<warm>-warm)?$")
 
 _POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -81,6 +87,7 @@ class PolicySpec:
     width: int = 1  # drafters a round; ALL = every arm
     auto_width: bool = False  # width chosen each round (up to AUTO_MAX_WIDTH)
     counterfactual: bool = False
+    pick_best: bool = False  # of the chosen draft and the shadows, verify the best-rated one (-mbest)
 
     def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator,
              observed_free: Collection[str] = ()) -> Bandit:
@@ -105,15 +112,16 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     base = parts["base"]
     if base not in _POLICIES:
         raise InvalidRequestError(
-            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto, -cf, -warm)"
+            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest, -cf, -warm)"
         )
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
     width_name = parts["width"] or "1"
-    width = {"all": ALL, "auto": 1}[width_name] if width_name in ("all", "auto") else int(width_name)
+    width = {"all": ALL, "auto": 1, "best": 1}[width_name] if width_name in ("all", "auto", "best") else int(width_name)
     return PolicySpec(
         name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
-        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]),
+        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name == "best",
+        pick_best=width_name in ("auto", "best"),
     )

@@ -3,7 +3,7 @@ losslessness, the oracle, the summary, run names and their errors (no model, no 
 import pytest
 
 from deploy.bench import BenchPrompt, Sample, expand_runs, parse_concurrency, render_table
-from deploy.bench.report import oracle_row, run_row, summarize
+from deploy.bench.report import is_multi_draft, oracle_row, run_row, summarize
 from deploy.errors import InvalidRequestError
 
 PROMPTS = [BenchPrompt("c1", "code", prompt="a"), BenchPrompt("c2", "code", prompt="b"),
@@ -140,9 +140,10 @@ def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
     ar = run_row("ar", timed(1.0, 2.0), AR_IDS, None)
     one = run_row("policy:metasd-ucb", timed(0.5, 1.0), AR_IDS, ar)
     multi = run_row("policy:metasd-ucb-m2", timed(0.6, 0.8), AR_IDS, ar)
+    single = run_row("single:ngram", timed(0.55, 1.1), AR_IDS, ar)  # a single drafter is a one-drafter policy too
     assert ar["profiled"]["speedup_vs_ar"] == 1.0 and one["profiled"]["speedup_vs_ar"] == 2.0
     assert multi["profiled"]["per_task"] == {"code": 2.5, "translation": 2.5}
-    summary = summarize([ar, one, multi])
+    summary = summarize([ar, single, one, multi])
     measured, profiled = summary["multi_draft"], summary["profiled_multi_draft"]
     assert (measured["best_multi"], measured["best_one_drafter"]) == ("policy:metasd-ucb-m2", "policy:metasd-ucb")
     assert measured["ratio"] == pytest.approx(0.5 / 0.6, abs=1e-3)
@@ -154,6 +155,12 @@ def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
     assert "profiled (cuda)" in table
     assert "Multi-draft (profiled): policy:metasd-ucb-m2 is 1.250x policy:metasd-ucb (95% interval 1.250-1.250)" in table
     assert "| policy:metasd-ucb-m2 | 2.50x | 2.50x |" in table  # the profiled per-task table
+
+
+def test_a_policy_is_multi_draft_when_several_drafters_draft_each_round():
+    assert all(is_multi_draft(f"policy:metasd-ucb{s}") for s in ("-m2", "-mall", "-cost-mauto-cf", "-cost-mbest-warm"))
+    one_drafter = ("policy:metasd-ucb", "policy:metasd-ucb-m1", "policy:metasd-ucb-cost-cf-warm", "single:ngram")
+    assert not any(is_multi_draft(name) for name in one_drafter)
 
 
 def test_each_row_keeps_its_per_prompt_samples():

@@ -186,7 +186,7 @@ def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
 
 def test_a_model_drafter_told_to_sit_out_drafts_nothing_and_later_catches_up_on_what_it_missed():
     lookup, model = RecordingProposer("lookup", model_free=True), RecordingProposer("model")
-    coordinator = Coordinator({"lookup": lookup, "model": model}, policy="metasd-ucb-cf")
+    coordinator = Coordinator({"lookup": lookup, "model": model}, policy="metasd-ucb-mbest")
     asked: list[tuple[str, list[str]]] = []
 
     def sit_out(arm, in_hand):
@@ -206,3 +206,19 @@ def test_a_model_drafter_told_to_sit_out_drafts_nothing_and_later_catches_up_on_
     (proposal,) = draft_round.proposals
     assert proposal.drafter == "model" and proposal.token_ids == (committed[-1],) * 2  # asked for 2 of k = 3
     assert model.seen["r"] == committed  # caught up on every token it sat out
+
+
+def test_without_the_pick_a_model_drafter_is_weighed_against_the_chosen_drafts_only():
+    lookup, model = RecordingProposer("lookup", model_free=True), RecordingProposer("model")
+    coordinator = Coordinator({"lookup": lookup, "model": model}, policy="metasd-ucb-cf")
+    in_hand_by_arm: dict[str, list[str]] = {}
+
+    def sit_out(arm, in_hand):
+        in_hand_by_arm[arm] = [p.drafter for p in in_hand]
+        return 0
+
+    for step in range(4):
+        draft_round = coordinator.propose("r", [1, 2, 3] if step == 0 else [100 + step], None, 3, GREEDY, sit_out)
+        assert not draft_round.pick_best
+    # the lookup shadow drafted, but a -cf round verifies only its chosen drafter's draft
+    assert in_hand_by_arm == {"model": []}

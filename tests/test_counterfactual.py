@@ -63,8 +63,8 @@ class ScriptedCoordinator:
 
     reward_kind = "cost"
 
-    def __init__(self, truth: list[int], vocab_size: int) -> None:
-        self.truth, self.vocab_size = truth, vocab_size
+    def __init__(self, truth: list[int], vocab_size: int, pick_best: bool = False) -> None:
+        self.truth, self.vocab_size, self.pick_best = truth, vocab_size, pick_best
         self.context = 0
         self.feedback = []
 
@@ -76,7 +76,7 @@ class ScriptedCoordinator:
             return PLAIN_ROUND
         truth = tuple(self.truth[self.context : self.context + k])
         wrong = tuple((t + 1) % self.vocab_size for t in truth)
-        return DraftRound((Proposal("wrong", wrong, draft_s=0.002),), (Proposal("oracle", truth, draft_s=0.003),))
+        return DraftRound((Proposal("wrong", wrong, draft_s=0.002),), (Proposal("oracle", truth, draft_s=0.003),), self.pick_best)
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         if feedback is not None:
@@ -110,21 +110,33 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     assert all(r.parallel_draft_s == pytest.approx(0.003, abs=1e-3) for r in drafted)
 
 
-def test_with_cut_drafts_the_engine_verifies_the_shadow_that_promises_more_instead_of_the_chosen_draft(target):
+def run_scripted(target, pick_best: bool):
     greedy = SamplingParams(max_tokens=24)
     prompt = target.encode(messages=CHAT_PROMPTS[1])
     plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
     engine = SpeculativeEngine(target, coordinator=ScriptedCoordinator([], target.vocab_size), k=4)
     engine.verify_s_by_size[1:] = [engine.plain_step_s * (1 + 0.1 * n) for n in range(len(engine.verify_s_by_size) - 1)]
-    engine.coordinator = scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size)
+    engine.coordinator = scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size, pick_best)
     result = engine.run(prompt, greedy)
     assert result.token_ids == plain.token_ids
+    return result, plain, scripted
+
+
+def test_a_pick_best_round_verifies_the_shadow_that_promises_more_instead_of_the_chosen_draft(target):
+    result, plain, scripted = run_scripted(target, pick_best=True)
     verified = [r.drafter for r in result.rounds if r.drafted]
     # both start at the prior (a tie keeps the chosen draft); once 'wrong' has failed, the shadow is verified
     assert verified[0] == "wrong" and set(verified[1:]) == {"oracle"} and len(verified) > 3
     assert len(result.rounds) < len(plain.token_ids) / 2
     assert any(f.drafter == "oracle" and not f.counterfactual and f.accepted > 0 for f in scripted.feedback)
     assert any(f.drafter == "wrong" and f.counterfactual for f in scripted.feedback)
+
+
+def test_a_counterfactual_round_without_the_pick_verifies_only_its_chosen_draft(target):
+    result, plain, scripted = run_scripted(target, pick_best=False)
+    assert {r.drafter for r in result.rounds if r.drafted} == {"wrong"}
+    assert len(result.rounds) == len(plain.token_ids)  # every verified draft fails: one token a round
+    assert all(f.counterfactual for f in scripted.feedback if f.drafter == "oracle")
 
 
 def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():

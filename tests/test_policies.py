@@ -122,6 +122,10 @@ def test_policy_names_take_width_counterfactual_and_warm_suffixes_in_that_order(
     assert parse_policy("metasd-ucb-mall", pool).width == ALL
     assert parse_policy("thompson-mauto", pool).auto_width
     assert parse_policy("sw-ucb", pool).width == 1 and not parse_policy("sw-ucb", pool).counterfactual
+    # -mbest: several draft (it implies -cf), the best-rated draft is verified; -cf alone verifies the chosen arm
+    best = parse_policy("metasd-ucb-cost-mbest-warm", pool)
+    assert (best.width, best.counterfactual, best.pick_best, best.warm_start) == (1, True, True, True)
+    assert not parse_policy("metasd-ucb-cost-cf-warm", pool).pick_best and parse_policy("metasd-ucb-mauto-cf", pool).pick_best
     for bad in ("metasd-ucb-m0", "metasd-ucb-warm-m2", "metasd-ucb-mmany", "metasd-ucb-cf-m2"):
         with pytest.raises(InvalidRequestError, match="policy"):
             parse_policy(bad, pool)

@@ -29,7 +29,7 @@ from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_inter
 
 Samples = list[tuple[BenchPrompt, Sample]]
 SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
-MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto)(?![a-z0-9])")  # -m2, -mall, -mauto; not -m1
+MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto|best)(?![a-z0-9])")  # -m2, -mall, -mauto, -mbest; not -m1
 
 
 def is_multi_draft(run: str) -> bool:
@@ -157,7 +157,8 @@ def summarize(rows: Sequence[dict]) -> dict:
             out[f"vs_{label}"] = round(policy["tokens_per_s"] / other["tokens_per_s"], 3)
     policies = [r for r in rows if r["name"].startswith("policy:")]
     multi = [r for r in policies if is_multi_draft(r["name"])]
-    one = [r for r in policies if not is_multi_draft(r["name"])]
+    # one drafter drafts and is verified each round: the other policies, and each single drafter
+    one = [r for r in rows if r["name"].startswith(("policy:", "single:")) and not is_multi_draft(r["name"])]
     if multi and one:
         for key, profiled in (("multi_draft", False), ("profiled_multi_draft", True)):
             def speed(r: dict, profiled: bool = profiled) -> float | None:
