@@ -18,7 +18,8 @@ A draft of n tokens is cut to the length l in 0..n with the most expected tokens
 then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
 the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
 with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted | n] per
-second of its forward): the engine compares a round's drafts by it. `tokens_to_draft` is the same choice
+second of its forward): the engine compares a round's drafts by it; `tree_rate` is the estimate
+for several drafts verified together as one token tree (`-mrated`). `tokens_to_draft` is the same choice
 made before drafting, for a drafter that pays `per_token_s` of drafting per token (a model): the
 length l in 1..k with the most expected tokens per second of drafting plus verification, or 0 when
 that rate does not beat the best draft already in hand. The statistics are shared by
@@ -27,11 +28,12 @@ learning.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from actors.proposal import Proposal
+from deploy.draft_tree import ROOT, DraftTree
 
 PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
 WEIGHT = 2.0  # pseudo-counts behind PRIOR
@@ -68,6 +70,33 @@ class DraftLengths:
         n = min(len(proposal.token_ids), self.max_k)
         # E[emitted | l] never falls as l grows, so its largest value is E[emitted | n]
         return max(self._expected_emitted(proposal, n), default=1.0) / self.cost_s(n + 1)
+
+    def tree_rate(self, proposals: Sequence[Proposal]) -> float:
+        """Expected tokens emitted per second if these drafts are verified together as one token
+        tree (deploy/draft_tree.py). A node's acceptance, once its parent is accepted, is the best
+        of its drafts' a_i there; the children of a node hold distinct tokens, so at most one is
+        the target's: in draft order, child c is taken with prod_{earlier}(1 - a) * a_c (as if
+        the drafts erred independently)."""
+        drafts = [p.token_ids[: self.max_k] for p in proposals]
+        tree = DraftTree.build(drafts)
+        acceptance = [0.0] * tree.size
+        for proposal, path in zip(proposals, tree.paths):
+            for node, a in zip(path, self._acceptance(proposal, len(path))):
+                acceptance[node] = max(acceptance[node], a)
+        accepted = [0.0] * tree.size  # P(node accepted)
+        missed: dict[int, float] = {}  # per parent: P(every earlier child wrong)
+        for node in range(tree.size):  # a parent always precedes its children; siblings in draft order
+            parent = tree.parents[node]
+            reach = 1.0 if parent == ROOT else accepted[parent]
+            still = missed.get(parent, 1.0)
+            accepted[node] = reach * still * acceptance[node]
+            missed[parent] = still * (1.0 - acceptance[node])
+        return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)
+
+    def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
+        """a_i for the draft's positions 1..n: P(accepted | reached), with the prior."""
+        reached, accepted = self._rows(proposal)
+        return [(float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT) for i in range(n)]
 
     def _expected_emitted(self, proposal: Proposal, n: int) -> Iterator[float]:
         """E[emitted | l] for l = 1..n, in one pass over the positions in plain floats (a round

@@ -7,7 +7,9 @@ for its forward (deploy/draft_length.py). A `-mbest` round (one chosen draft and
 verifies whichever of them promises the most tokens per second by those same statistics (its
 drafter's learned acceptance for the draft's source and match length): the bandit picks which
 drafters run, the evidence of the round's own drafts picks which one to verify, and the others
-are scored as shadows; a `-cf` round verifies its chosen draft and only scores the shadows. A model drafter is asked for as many tokens as pay for their drafting time
+are scored as shadows; a `-mrated` round then adds the others, best rated first, while the tree
+they make promises more (`DraftLengths.tree_rate`); a `-cf` round verifies its chosen draft and
+only scores the shadows. A model drafter is asked for as many tokens as pay for their drafting time
 too, and for none when a model-free draft in hand already promises more (drafting in one process
 is sequential: the cheap drafters draft first). One draft: the forward runs over [last token, draft],
 gives p for every draft position plus the bonus position, `verify` accepts losslessly and the KV
@@ -166,7 +168,7 @@ class SpeculativeEngine:
         self.draft_scale = device.plain_step_s / here[1] if device is not None and here[1] else 1.0
         # how many of each draft's tokens to verify, learned from the verifications (deploy/draft_length.py)
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
-        self.draft_lengths = DraftLengths(lambda n: self.verify_s_by_size[self.padded_size[n]], lambda n: self.padded_size[n], k)
+        self.draft_lengths = DraftLengths(self._forward_cost_s, lambda n: self.padded_size[n], k)
 
     def generate(
         self,
@@ -253,6 +255,16 @@ class SpeculativeEngine:
                 output.pop()  # token ids end with the token that completed the stop string
         return GenerationResult(text, output, finish, len(prompt_ids), rounds)
 
+    def _forward_cost_s(self, n: int) -> float:
+        """Seconds of a verification forward over n positions: the padded size's, for a one-draft
+        forward; a larger tree on a device at the device's cost, here in proportion to the largest
+        size measured."""
+        if n <= self.max_positions:
+            return self.verify_s_by_size[self.padded_size[n]]
+        if self.device is not None:
+            return self.device.forward_s(n)
+        return self.verify_s_by_size[self.max_positions] * n / self.max_positions
+
     def _on_device(self, draft_round: DraftRound) -> DraftRound:
         """The round's drafts with each model drafter's drafting time as on the engine's device."""
         if self.draft_scale == 1.0:
@@ -294,10 +306,26 @@ class SpeculativeEngine:
         if not draft_round.pick_best or len(draft_round.proposals) > 1 or not draft_round.shadows:
             return draft_round
         chosen = draft_round.proposals  # none when the chosen model drafter sat the round out
-        best_rate, best = max(((self.draft_lengths.rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
-        if best_rate <= self.draft_lengths.rate(chosen[0] if chosen else PLAIN_DRAFT):
-            return draft_round
-        return replace(draft_round, proposals=(best,), shadows=tuple(p for p in (*chosen, *draft_round.shadows) if p is not best))
+        rate = self.draft_lengths.rate
+        best_rate, best = max(((rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
+        if best_rate > rate(chosen[0] if chosen else PLAIN_DRAFT):
+            chosen = (best,)
+        if draft_round.pick_set and chosen and chosen[0].token_ids:
+            chosen = self._widen(chosen[0], [p for p in (*draft_round.proposals, *draft_round.shadows)
+                                              if p.token_ids and p is not chosen[0]])
+        return replace(draft_round, proposals=chosen,
+                       shadows=tuple(p for p in (*draft_round.proposals, *draft_round.shadows)
+                                     if not any(p is c for c in chosen)))
+
+    def _widen(self, best: Proposal, others: list[Proposal]) -> tuple[Proposal, ...]:
+        """`pick_set`: add the round's other drafts, best rated first, while the tree they make
+        with the drafts taken promises more tokens per second (deploy/draft_length.py `tree_rate`)."""
+        taken, taken_rate = [best], self.draft_lengths.rate(best)
+        for other in sorted(others, key=self.draft_lengths.rate, reverse=True):
+            with_it = self.draft_lengths.tree_rate([*taken, other])
+            if with_it > taken_rate:
+                taken, taken_rate = [*taken, other], with_it
+        return tuple(taken)
 
     def _verify(
         self, cache: object, tokens: list[int], draft_round: DraftRound, sampling: SamplingParams, generator: torch.Generator

@@ -20,7 +20,8 @@ never verified; the target scores them against the output, counterfactual feedba
 arm, when not chosen, is a shadow that drafts nothing (its cost reward is what a plain step would
 have scored), so no policy has to pull it to learn it. With `-mbest` (and `-mauto`) the round is
 marked `pick_best`: the engine verifies whichever of the chosen draft and the shadows promises the
-most, so several drafters draft and one draft is verified.
+most, so several drafters draft and one draft is verified; with `-mrated` also `pick_set`: the
+others join it while the tree they make promises more.
 
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
@@ -82,6 +83,7 @@ class DraftRound:
     proposals: tuple[Proposal, ...] = ()  # to verify; drafts may be empty
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
     pick_best: bool = False  # verify whichever of one chosen draft and the shadows promises most (-mbest)
+    pick_set: bool = False  # ... and add the others while the tree they make promises more (-mrated)
 
     @property
     def width(self) -> int:
@@ -213,7 +215,7 @@ class Coordinator:
                 continue
             drafts[arm] = self._draft(arm, request_id, chosen.deltas[arm], arm_k, sampling)
         return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows),
-                          self.spec.pick_best)
+                          self.spec.pick_best, self.spec.pick_set)
 
     def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
@@ -362,7 +364,7 @@ class CoordinatorActor:
                                          for arm in asked))
         by_arm = dict(zip(asked, drafts))
         shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a] is not None)
-        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best)
+        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best, self.core.spec.pick_set)
 
     async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
         """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a

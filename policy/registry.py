@@ -6,7 +6,7 @@
     exp3, thompson, sh, sw-ucb, random   (BD reward)
     fixed:<drafter>   always that drafter
 
-Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest][-cf][-warm]
+Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest|-mrated][-cf][-warm]
 
     -m<N>, -mall  draft with the top N (or all) drafting arms by the policy's index each round,
                   verified together as one token tree (the paper uses one; default -m1)
@@ -17,6 +17,9 @@ Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest][-cf][
                   the one draft (or plain step) that promises the most tokens per second by its
                   drafter's learned acceptance (deploy/engine.py); the others are scored as -cf
                   shadows. Several drafters draft, one draft is verified. Implies -cf.
+    -mrated       as -mbest, then the round's other drafts, best rated first, join the verified
+                  tree while the tree promises more tokens per second (its expected yield over its
+                  forward's cost; deploy/draft_length.py `tree_rate`). Implies -cf.
     -cf           counterfactual feedback: model-free drafters not chosen also draft each round
                   (no target cost) and learn from how far their draft matches the output; only
                   the chosen arm's draft is verified (a one-drafter policy)
@@ -59,7 +62,7 @@ PRIOR_WEIGHT_PULLED = 32.0  # ... with -cf, each arm not observed for free (meas
 COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: see README)
 AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
 ALL = 0  # width: every drafting arm
-_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best))?(?P<cf>-cf)?(?P<warm>-warm)?$")
+_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best|rated))?(?P<cf>-cf)?(?P<warm>-warm)?$")
 
 _POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -88,6 +91,7 @@ class PolicySpec:
     auto_width: bool = False  # width chosen each round (up to AUTO_MAX_WIDTH)
     counterfactual: bool = False
     pick_best: bool = False  # of the chosen draft and the shadows, verify the best-rated one (-mbest)
+    pick_set: bool = False  # ... and add the others while their tree promises more (-mrated)
 
     def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator,
              observed_free: Collection[str] = ()) -> Bandit:
@@ -119,9 +123,10 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
     width_name = parts["width"] or "1"
-    width = {"all": ALL, "auto": 1, "best": 1}[width_name] if width_name in ("all", "auto", "best") else int(width_name)
+    named = {"all": ALL, "auto": 1, "best": 1, "rated": 1}
+    width = named[width_name] if width_name in named else int(width_name)
     return PolicySpec(
         name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
-        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name == "best",
-        pick_best=width_name in ("auto", "best"),
+        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name in ("best", "rated"),
+        pick_best=width_name in ("auto", "best", "rated"), pick_set=width_name == "rated",
     )

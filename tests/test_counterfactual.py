@@ -139,6 +139,27 @@ def test_a_counterfactual_round_without_the_pick_verifies_only_its_chosen_draft(
     assert all(f.counterfactual for f in scripted.feedback if f.drafter == "oracle")
 
 
+def test_a_pick_set_round_on_a_nearly_flat_cost_device_also_verifies_a_draft_that_may_succeed_where_the_best_fails(
+        target, tmp_path):
+    import json
+
+    from deploy.cost_profile import CostProfile
+
+    path = tmp_path / "gpu.json"  # 4 positions cost a plain step, 7 cost 1.05, 40 cost 1.3
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "4": 1.0, "7": 1.05, "40": 1.3}}))
+    engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix"]), device=CostProfile.load(path))
+    first, second, wrong = Proposal("ngram", (1, 2, 3)), Proposal("suffix", (1, 5, 6)), Proposal("retrieval", (7, 8, 9))
+    for accepted in (1, 3) * 20:  # each: its first token always right, the rest half the time
+        engine.draft_lengths.observe(first, accepted)
+        engine.draft_lengths.observe(second, accepted)
+        engine.draft_lengths.observe(wrong, 0)
+    best_only = engine._pick(DraftRound((first,), (second, wrong), pick_best=True))
+    assert best_only.proposals == (first,) and best_only.shadows == (second, wrong)
+    widened = engine._pick(DraftRound((first,), (second, wrong), pick_best=True, pick_set=True))
+    # the tree of both (6 positions) promises more; the draft that is never right is left a shadow (it only costs)
+    assert widened.proposals == (first, second) and widened.shadows == (wrong,)
+
+
 def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():
     pool = build_drafters(["ngram", NO_DRAFT])
     cost = Coordinator(pool, "metasd-ucb-cost-cf")

@@ -1,6 +1,8 @@
 """The draft-length rule verifies as much of a draft as its expected yield pays for, and learns it."""
 from dataclasses import replace
 
+import pytest
+
 from actors.proposal import Proposal, SparseDist
 from deploy.draft_length import DraftLengths
 
@@ -96,3 +98,30 @@ def test_a_model_drafter_sits_the_round_out_when_a_draft_in_hand_promises_more()
     in_hand = lengths.rate(draft("retrieval"))
     assert lengths.tokens_to_draft("distill", per_token_s=0.1 * PLAIN_S, k=8) > 0  # nothing in hand: it drafts
     assert lengths.tokens_to_draft("distill", per_token_s=0.1 * PLAIN_S, k=8, floor_rate=in_hand) == 0
+
+
+def test_a_tree_of_one_draft_or_of_equal_drafts_promises_what_the_draft_alone_does():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    for _ in range(10):
+        lengths.observe(draft(), accepted=3)
+    assert lengths.tree_rate([draft()]) == pytest.approx(lengths.rate(draft()))
+    assert lengths.tree_rate([draft(), draft()]) == pytest.approx(lengths.rate(draft()))
+
+
+def test_a_second_draft_that_diverges_adds_its_chance_only_where_the_first_is_wrong():
+    first = Proposal("half", (1, 2, 3))
+    second = Proposal("other", (1, 5, 6))  # shares the first token, then diverges
+    wrong = Proposal("wrong", (7, 8, 9))
+    flat, steep = DraftLengths(flat_cost, unpadded, 8), DraftLengths(steep_cost, unpadded, 8)
+    for lengths in (flat, steep):
+        for _ in range(200):
+            lengths.observe(first, accepted=1)  # a_1 ~ 1, a_2 ~ 0
+            lengths.observe(second, accepted=3)  # always right
+            lengths.observe(wrong, accepted=0)
+    alone = flat.rate(first) * PLAIN_S  # tokens a forward: ~2
+    together = flat.tree_rate([first, second]) * PLAIN_S
+    # the shared token is accepted, then 'other' continues where 'half' fails: ~1 + 1 + 2
+    assert alone == pytest.approx(2.0, abs=0.05) and together == pytest.approx(4.0, abs=0.1)
+    # a draft that is always wrong adds nothing: free on a flat-cost device, a loss where positions cost
+    assert flat.tree_rate([first, wrong]) == pytest.approx(flat.rate(first), rel=0.01)
+    assert steep.tree_rate([first, wrong]) < steep.rate(first) < steep.tree_rate([first, second])

@@ -29,7 +29,7 @@ from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_inter
 
 Samples = list[tuple[BenchPrompt, Sample]]
 SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
-MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto|best)(?![a-z0-9])")  # -m2, -mall, -mauto, -mbest; not -m1
+MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto|best|rated)(?![a-z0-9])")  # -m2, -mall, -mauto, -mbest, -mrated; not -m1
 
 
 def is_multi_draft(run: str) -> bool:
