@@ -101,12 +101,9 @@ class DraftLengths:
     def _expected_emitted(self, proposal: Proposal, n: int) -> Iterator[float]:
         """E[emitted | l] for l = 1..n, in one pass over the positions in plain floats (a round
         asks this of every chosen and shadow draft)."""
-        if not n:
-            return
-        reached, accepted = self._rows(proposal)
         reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
-        for i in range(n):
-            reach_probability *= (float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT)
+        for a in self._acceptance(proposal, n):
+            reach_probability *= a
             expected += reach_probability
             yield expected
 

@@ -103,6 +103,13 @@ class PolicySpec:
         return self.factory(list(self.arms), rng, prior, weights)
 
 
+def drafts_with_several(name: str) -> bool:
+    """Whether a policy name has several drafters draft each round (-m<N> with N > 1, -mall,
+    -mauto, -mbest, -mrated); no pool needed (the bench classifies its runs by it)."""
+    parts = _SUFFIXES.match(name)
+    return parts is not None and not name.startswith("fixed:") and parts["width"] not in (None, "1")
+
+
 def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     """Validate a policy name against the drafter pool; errors name the `policy` field."""
     if not isinstance(name, str) or not name:
@@ -116,7 +123,7 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     base = parts["base"]
     if base not in _POLICIES:
         raise InvalidRequestError(
-            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest, -cf, -warm)"
+            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest|-mrated, -cf, -warm)"
         )
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)

@@ -10,8 +10,9 @@ summary's `uncertainty` is computed (95% bootstrap intervals of the best policy'
 cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-process rows
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
 re-timed with another device's verification costs (deploy/cost_profile.py). The summary
-compares the best multi-draft policy (`-m<N>`, `-mall`, `-mauto`) with the best one-drafter policy
-(with a 95% interval),
+compares the best multi-draft policy (several drafters draft each round: `-m<N>`, `-mall`,
+`-mauto`, `-mbest`, `-mrated`) with the best one-drafter policy or single drafter (with a 95%
+interval),
 and each specialist (`single:retrieval-<task>`, `single:distill-<task>`) on its own task with the
 generic drafters and the other tasks' specialists: tokens per forward (acceptance) and drafting
 cost per drafted token.
@@ -26,14 +27,14 @@ import numpy as np
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_interval
+from policy.registry import drafts_with_several
 
 Samples = list[tuple[BenchPrompt, Sample]]
 SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
-MULTI_DRAFT = re.compile(r"-m(?!1(?![0-9]))([0-9]+|all|auto|best|rated)(?![a-z0-9])")  # -m2, -mall, -mauto, -mbest, -mrated; not -m1
 
 
 def is_multi_draft(run: str) -> bool:
-    return run.startswith("policy:") and MULTI_DRAFT.search(run) is not None
+    return run.startswith("policy:") and drafts_with_several(run.removeprefix("policy:"))
 
 
 def _profiled_tps(samples: Samples) -> float:
