@@ -39,8 +39,6 @@ class Proposal:
     draft_s: float = 0.0
     match_length: int = 0  # context tokens the draft's source matched (n-gram tail, datastore tail); 0 = unknown
     source: str = ""  # which of a composite drafter's sources drafted it ("" = the drafter itself)
-    ready: int = 0  # of its tokens, how many it had drafted ahead before the call (actors/hf.py)
-    ahead_s: float = 0.0  # seconds it drafted ahead after the draft, not in draft_s (a background task on a device)
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):

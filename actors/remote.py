@@ -3,8 +3,7 @@
 `DrafterActor` is a plain class that builds its Proposer inside the actor process (a model
 drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
 `propose` / `release` with per-request sessions, and `placement` (its node, Ray's GPU ids and the
-torch device it drafts on: the CPU when CUDA is absent, even on a GPU Ray assigned). With
-`draft_ahead`, a model drafter drafts ahead in a background thread after each call (actors/hf.py).
+torch device it drafts on: the CPU when CUDA is absent, even on a GPU Ray assigned).
 `start_drafter_actor` applies `ray.remote` at build time with the spec's resources (inside a
 placement-group bundle when given one); the coordinator actor awaits its calls.
 """
@@ -29,7 +28,6 @@ class DrafterSpec:
     num_gpus: float = 0.0
     num_cpus: float = 0.0
     resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources
-    draft_ahead: int = 0  # a model drafter drafts this many tokens ahead after each call, in the background
 
 
 class DrafterActor:
@@ -42,30 +40,9 @@ class DrafterActor:
             draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
         self.spec = spec
         self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size)[spec.kind]
-        self._ahead = None  # the thread drafting ahead (actors/hf.py), when the spec asks for it
-        if spec.draft_ahead and hasattr(self.proposer, "set_draft_ahead"):
-            from concurrent.futures import ThreadPoolExecutor
-
-            self.proposer.set_draft_ahead(spec.draft_ahead, in_background=True)
-            self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-ahead")
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
-        """The draft; a drafter that drafts ahead goes on along its path once the call has returned
-        (while the target verifies), until the next call interrupts it."""
-        proposal = self.proposer.propose(session, context_delta, k, sampling)
-        if self._ahead is not None and proposal.token_ids:
-            self._ahead.submit(self.proposer.extend_ahead, session)
-        return proposal
-
-    def offer(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
-        """What it drafted ahead for this context, drafting nothing now (actors/hf.py `offer`); then,
-        drafting ahead, it goes on from here in the background. A drafter that cannot: no draft."""
-        if not hasattr(self.proposer, "offer"):
-            return Proposal(drafter=self.spec.name)
-        proposal = self.proposer.offer(session, context_delta, k, sampling)
-        if self._ahead is not None:
-            self._ahead.submit(self.proposer.extend_ahead, session)
-        return proposal
+        return self.proposer.propose(session, context_delta, k, sampling)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.proposer.release(session, context_delta)

@@ -42,10 +42,6 @@ class SessionStore:
         entry.last_used = now
         return entry
 
-    def get(self, session: str) -> Session | None:
-        """The session as it is, or None; neither extends nor refreshes it."""
-        return self._sessions.get(session)
-
     def pop(self, session: str) -> Session | None:
         return self._sessions.pop(session, None)
 

@@ -32,7 +32,7 @@ NOWHERE = {"node": None, "node_ip": None, "gpu": [], "device": None}  # placemen
 def _spec(config: ServiceConfig, drafter: DrafterConfig, gpus_in_cluster: float) -> DrafterSpec:
     num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, gpus_in_cluster)
     return DrafterSpec(drafter.name, drafter.kind, drafter.model, drafter.num_layers, config.target.dtype,
-                       num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())), drafter.draft_ahead)
+                       num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
 
 
 def start_pool(config: ServiceConfig) -> None:

@@ -104,7 +104,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=drafters, draft_model=draft_model, progress=not args.no_progress,
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile,
-                       cut_drafts=not args.no_cut, draft_ahead=args.draft_ahead)
+                       cut_drafts=not args.no_cut)
     table = render_table(report)
     if args.out:
         from deploy.bench.charts import drafter_chart, speedup_chart
@@ -190,8 +190,7 @@ def cmd_drafters(args: argparse.Namespace) -> int:
                 print(render_drafters(drafters))
         elif args.action == "add":
             spec = {"name": args.name, "kind": args.kind, "model": args.model, "num_layers": args.num_layers,
-                    "num_gpus": args.num_gpus, "resources": json.loads(args.resources) if args.resources else {},
-                    "draft_ahead": args.draft_ahead}
+                    "num_gpus": args.num_gpus, "resources": json.loads(args.resources) if args.resources else {}}
             placed = client.add({k: v for k, v in spec.items() if v not in (None, {})})
             print(f"added {placed['name']} on node {placed['node'][:8]} ({placed['node_ip']}), "
                   f"GPU {','.join(placed['gpu']) or '-'}, device {placed['device']}")
@@ -243,10 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run in-process engines as on a device with this verification cost profile (its costs "
                             "decide cuts, budgets and rewards) and also report their speed re-timed with it "
                             "(python -m deploy.bench.verify_cost --out FILE; shipped: deploy/bench/results/h200.verify_cost.json)")
-    bench.add_argument("--draft-ahead", action="store_true",
-                       help="with --cost-profile: model drafters draft ahead along their own path while the target "
-                            "verifies, as drafter actors on their own devices can; tokens drafted ahead for the context a "
-                            "round reaches cost it nothing (actors/hf.py)")
     bench.add_argument("--concurrency", default="1",
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,
@@ -302,8 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
             one.add_argument("--num-layers", type=int, default=None, help="keep the model's first N layers")
             one.add_argument("--num-gpus", type=float, default=None, help="default: 1 on a GPU cluster")
             one.add_argument("--resources", default=None, help='custom Ray resources as JSON, e.g. {"specfleet_drafter": 1}')
-            one.add_argument("--draft-ahead", type=int, default=None,
-                             help="a model drafter drafts this many tokens ahead while the target verifies (default 0: off)")
         one.set_defaults(func=cmd_drafters)
 
     status = sub.add_parser("status", help="where the target replicas and each drafter run (node, GPU), and the pool's health")

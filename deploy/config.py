@@ -44,9 +44,6 @@ class DrafterConfig(BaseModel):
     num_gpus: float | None = Field(default=None, ge=0)  # None: 1 when the cluster has GPUs (0 for `none`)
     num_cpus: float = Field(default=0.0, ge=0)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {specfleet_drafter: 1} (a node type)
-    # a model drafter (hf, distill-<task>, a hierarchy with a model) drafts this many tokens ahead
-    # along its own path while the target verifies (actors/hf.py); 0: off
-    draft_ahead: int = Field(default=0, ge=0, le=32)
 
     @field_validator("kind")
     @classmethod

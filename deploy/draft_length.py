@@ -4,11 +4,9 @@ Verifying more positions costs a larger target forward; on CPU that cost is far 
 forward over 2 positions costs what 1 does, 4 about 1.3 plain steps, 8 about 1.3-1.5). A drafter's late
 tokens are worth verifying only while their expected yield pays for the larger forward.
 
-`DraftLengths` learns, per (drafter, source, match length, drafted ahead) — which of a composite
-drafter's sources drafted (a hierarchy's level, a retrieval drafter's datastore or the request's
-context), the length of context it matched, its evidence (actors/proposal.py; 0 when a drafter
-does not say), and whether the draft was drafted ahead (a model drafter's path that the target
-has followed so far: such drafts are accepted more often than its others, actors/hf.py) —
+`DraftLengths` learns, per (drafter, source, match length) — which of a composite drafter's sources
+drafted (a hierarchy's level, a retrieval drafter's datastore or the request's context) and the
+length of context it matched, its evidence (actors/proposal.py; 0 when a drafter does not say) —
 how often draft position i was reached (every earlier drafted token accepted) and accepted, over
 every verified draft.
 A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
@@ -47,11 +45,11 @@ class DraftLengths:
         """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
         forward_size(n): the padded size the engine runs for n positions."""
         self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
-        self._reached: dict[tuple[str, str, int, bool], np.ndarray] = {}
-        self._accepted: dict[tuple[str, str, int, bool], np.ndarray] = {}
+        self._reached: dict[tuple[str, str, int], np.ndarray] = {}
+        self._accepted: dict[tuple[str, str, int], np.ndarray] = {}
 
     def _rows(self, proposal: Proposal) -> tuple[np.ndarray, np.ndarray]:
-        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY), proposal.ready > 0)
+        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY))
         if key not in self._reached:
             self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
         return self._reached[key], self._accepted[key]

@@ -27,10 +27,6 @@ With `device=` (a measured cost profile of another device, deploy/cost_profile.p
 decides as it would there: the profile's forward costs price verifications (cuts, model-drafter
 budgets, rewards; no padding), and a model drafter's drafting time is scaled to the same share of
 a plain step there as here. Only decisions change; every forward still runs here, losslessly.
-With `draft_ahead` too, each model drafter drafts ahead along its own path while the target
-verifies, as a drafter actor on its own device does (actors/hf.py): the tokens it drafted ahead
-for the context a round reaches cost that round nothing (`Proposal.ready`), and the time it spent
-drafting ahead here (`Proposal.ahead_s`) is not the round's.
 """
 from __future__ import annotations
 
@@ -73,7 +69,6 @@ class RoundTrace:
     verify_s: float
     drafter_s: float = 0.0  # the slowest drafter's own drafting time (chosen and shadow drafts; on the engine's device)
     drafting_sum_s: float = 0.0  # every drafter's own drafting time as measured here, summed
-    drafted_ahead: int = 0  # of the verified draft tokens, how many their drafters had drafted ahead (actors/hf.py)
 
     @property
     def parallel_draft_s(self) -> float:
@@ -136,17 +131,13 @@ class SpeculativeEngine:
         coordinator: Coordinator | None = None,
         cut_drafts: bool = True,
         device: CostProfile | None = None,
-        draft_ahead: bool = False,
     ) -> None:
         """cut_drafts: verify only as much of each draft as pays for its forward, and in a `-mbest`
         round, of one chosen draft and its shadows the one that pays most (deploy/draft_length.py); False verifies every
         drafted token of the drafts chosen. A sampled request with a seed always verifies the
         chosen drafts whole: cut and pick depend on measured times, and its output must depend on
         the seed alone. device: decide on that device's costs (module docstring); it needs a local
-        coordinator, which knows which drafters run a model. draft_ahead (with device=): each model
-        drafter drafts ahead along its own path while the target verifies, as many tokens as fit in
-        a plain step of the device at its drafting speed there (at most k; actors/hf.py): tokens it
-        drafted ahead for the context a round reaches cost that round nothing."""
+        coordinator, which knows which drafters run a model."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
@@ -155,9 +146,6 @@ class SpeculativeEngine:
         self.coordinator = coordinator if coordinator is not None else Coordinator(drafters, policy, seed)
         if device is not None and not isinstance(self.coordinator, Coordinator):
             raise ValueError("device= needs a local coordinator (it scales the model drafters' drafting times)")
-        if draft_ahead and device is None:
-            raise ValueError("draft_ahead needs device=: in one process drafting ahead is not hidden behind verification")
-        self.draft_ahead = draft_ahead
         self.reward_kind = self.coordinator.reward_kind
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
@@ -214,12 +202,9 @@ class SpeculativeEngine:
             while finish is None:
                 budget = min(self.k, sampling.max_tokens - len(output) - 1)  # leaves room for the bonus
                 start = time.perf_counter()
-                if self.draft_ahead:
-                    self._set_draft_ahead()
                 draft_round = self.coordinator.propose(request_id, tokens[sent:], feedback, budget, sampling,
                                                        model_tokens=self._model_tokens if cutting else None)
-                # measured here, drafting ahead included (on a device it runs behind the verification)
-                drafting_s = draft_round.ahead_s + sum(p.draft_s + p.ahead_s for p in draft_round.proposals + draft_round.shadows)
+                drafting_s = sum(p.draft_s for p in draft_round.proposals + draft_round.shadows)  # measured here
                 draft_round = self._on_device(draft_round)
                 self._time_drafting(draft_round)
                 if cutting:
@@ -243,9 +228,7 @@ class SpeculativeEngine:
                 final += shadows.observe(len(tokens), emitted_ids, self._branch_probs(branch, sampling))
                 for score in final:  # a shadow teaches the draft lengths as a verified draft would
                     self.draft_lengths.observe(score.proposal, score.matched)
-                # a model drafter's offered draft (drafted ahead: offered only after its path held)
-                # teaches the draft lengths, not the bandit, which would overrate the drafter by it
-                drafts += [self._counterfactual(s) for s in final if not s.proposal.ready]
+                drafts += [self._counterfactual(s) for s in final]
                 # on a device its drafters draft in parallel, as actors on their own devices
                 round_draft_s = draft_s if self.device is None else overhead_s + max(own_s, default=0.0)
                 round_reward_ = cost_reward(accepted, round_draft_s, priced_s, self.plain_step_s, self.k)
@@ -254,14 +237,13 @@ class SpeculativeEngine:
                 emitted, finish = self._emit(output, emitted_ids, sampling)
                 tokens.extend(emitted_ids)
                 reward = max((f.reward for f in drafts if not f.counterfactual), default=0.0)
-                ahead = sum(min(p.ready, len(p.token_ids)) for p in draft_round.proposals)
                 rounds.append(RoundTrace(draft_round.label, drafted, accepted, emitted, reward, draft_s, verify_s,
-                                         max(own_s, default=0.0), drafting_s, ahead))
+                                         max(own_s, default=0.0), drafting_s))
                 if on_tokens is not None and emitted:
                     on_tokens(output[before:])
         finally:
             committed = list(prompt_ids) + output
-            last = tuple(self._counterfactual(s) for s in shadows.finish() if not s.proposal.ready)
+            last = tuple(self._counterfactual(s) for s in shadows.finish())
             if last:
                 feedback = replace(feedback, drafts=feedback.drafts + last) if feedback else RoundFeedback(last, width=0)
             self.coordinator.finish(request_id, committed[sent:], feedback)
@@ -295,21 +277,12 @@ class SpeculativeEngine:
         return replace(draft_round, proposals=scaled(draft_round.proposals), shadows=scaled(draft_round.shadows))
 
     def _time_drafting(self, draft_round: DraftRound) -> None:
-        """Running mean of each drafter's drafting seconds per token drafted in the call (not ahead)."""
+        """Running mean of each drafter's drafting seconds per drafted token."""
         for proposal in draft_round.proposals + draft_round.shadows:
-            if len(proposal.token_ids) > proposal.ready:
-                per_token_s = proposal.draft_s / (len(proposal.token_ids) - proposal.ready)
+            if proposal.token_ids:
+                per_token_s = proposal.draft_s / len(proposal.token_ids)
                 before = self.draft_s_per_token.get(proposal.drafter)
                 self.draft_s_per_token[proposal.drafter] = per_token_s if before is None else 0.9 * before + 0.1 * per_token_s
-
-    def _set_draft_ahead(self) -> None:
-        """Each model drafter drafts ahead what fits in a plain step of the device, at most its next
-        draft (the target's next token, then k)."""
-        for name, drafter in self.coordinator.drafters.items():
-            if name not in self.coordinator.model_free and hasattr(drafter, "set_draft_ahead"):
-                per_token_s = self.draft_s_per_token.get(name)
-                fits = self.k + 1 if not per_token_s else int(self.verify_s_by_size[1] / per_token_s)
-                drafter.set_draft_ahead(min(self.k + 1, fits))
 
     def _model_tokens(self, drafter: str, in_hand: Sequence[Proposal]) -> int:
         """How many tokens to ask a model drafter for, its drafting time counted: none when a draft

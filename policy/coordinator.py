@@ -84,7 +84,6 @@ class DraftRound:
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
     pick_best: bool = False  # verify whichever of one chosen draft and the shadows promises most (-mbest)
     pick_set: bool = False  # ... and add the others while the tree they make promises more (-mrated)
-    ahead_s: float = 0.0  # drafting ahead by drafters that offered no draft (behind the verification on a device)
 
     @property
     def width(self) -> int:
@@ -198,16 +197,10 @@ class Coordinator:
         """Drafting in this process runs the drafters one after the other (the Ray actor body runs
         them in parallel): the model-free ones first, then each chosen model drafter, asked for
         `model_tokens(arm, drafts in hand)` tokens when given (0: it sits the round out, no
-        feedback; the drafts in hand are verified instead), else k. A model drafter that has
-        drafted ahead for this context (actors/hf.py `ready`) is asked for at least those tokens.
-        With `-cf`, a model drafter not chosen that can draft ahead is offered the context: what it
-        drafted ahead for it (if anything) is a shadow draft, and it drafts ahead from here."""
+        feedback; the drafts in hand are verified instead), else k."""
         chosen = self.select(request_id, new_tokens, feedback, k)
         if chosen is None:
             return PLAIN_ROUND
-        ready = self._ready(request_id, chosen)
-        offered = self.offered(request_id, chosen)
-        shadows = chosen.shadows + tuple(offered)
         asked = chosen.arms + chosen.shadows
         cheap = [arm for arm in asked if arm in self.model_free or arm == NO_DRAFT]
         drafts = {arm: self._draft(arm, request_id, chosen.deltas[arm], k, sampling) for arm in cheap}
@@ -216,45 +209,13 @@ class Coordinator:
                 continue
             # the drafts that could be verified instead: the shadows' too only when the round picks among them
             in_hand = tuple(d for a, d in drafts.items() if self.spec.pick_best or a in chosen.arms)
-            wanted = k if model_tokens is None else model_tokens(arm, in_hand)
-            arm_k = min(k, max(wanted, ready.get(arm, 0)))
+            arm_k = k if model_tokens is None else min(k, model_tokens(arm, in_hand))
             if arm_k <= 0:
                 self._unsend(request_id, arm, chosen.deltas[arm])
                 continue
             drafts[arm] = self._draft(arm, request_id, chosen.deltas[arm], arm_k, sampling)
-        # offered after the round's drafts: drafting ahead runs behind them (and the verification) on a device
-        for arm, delta in offered.items():
-            drafts[arm] = self.as_round(arm, self.drafters[arm].offer(request_id, delta, k, sampling), k)
-        return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts),
-                          tuple(drafts[a] for a in shadows if a in drafts and (a not in offered or drafts[a].token_ids)),
-                          self.spec.pick_best, self.spec.pick_set,
-                          ahead_s=sum(drafts[a].ahead_s for a in offered if not drafts[a].token_ids))
-
-    def _ready(self, request_id: str, chosen: Selection) -> dict[str, int]:
-        """Per chosen model drafter, the tokens it drafted ahead for this request's context."""
-        return {arm: self.drafters[arm].ready(request_id, chosen.deltas[arm]) for arm in chosen.arms
-                if arm not in self.model_free and hasattr(self.drafters.get(arm), "ready")}
-
-    def offered(self, request_id: str, chosen: Selection, can_offer: Callable[[str], bool] | None = None
-                ) -> dict[str, list[int]]:
-        """Under `-cf`, the model drafters not asked that can offer what they drafted ahead (by
-        default: that have an `offer` method), with their unseen tokens (counted as sent from here)."""
-        if can_offer is None:
-            can_offer = lambda arm: hasattr(self.drafters.get(arm), "offer")  # noqa: E731
-        offered: dict[str, list[int]] = {}
-        if not self.spec.counterfactual:
-            return offered
-        with self._lock:
-            request = self.requests.get(request_id)
-            if request is None:
-                return offered
-            for arm in request.bandit.stats:
-                if arm in chosen.arms or arm in chosen.shadows or arm in self.model_free:
-                    continue
-                if can_offer(arm):
-                    offered[arm] = request.tokens[request.sent.get(arm, 0):]
-                    request.sent[arm] = len(request.tokens)
-        return offered
+        return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows),
+                          self.spec.pick_best, self.spec.pick_set)
 
     def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
@@ -398,22 +359,16 @@ class CoordinatorActor:
         chosen = self.core.select(request_id, new_tokens, feedback, k)
         if chosen is None:
             return PLAIN_ROUND
-        offered = self.core.offered(request_id, chosen, lambda arm: arm in self.kinds_known and arm not in self.down)
         asked = chosen.arms + chosen.shadows
         drafts = await asyncio.gather(*(self._draft(arm, request_id, chosen.deltas[arm], k, sampling, arm in chosen.arms)
-                                         for arm in asked),
-                                      *(self._draft(arm, request_id, delta, k, sampling, False, offer=True)
-                                        for arm, delta in offered.items()))
-        by_arm = dict(zip(asked + tuple(offered), drafts))
-        shadows = tuple(by_arm[a] for a in chosen.shadows + tuple(offered)
-                        if by_arm[a] is not None and (a not in offered or by_arm[a].token_ids))
+                                         for arm in asked))
+        by_arm = dict(zip(asked, drafts))
+        shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a] is not None)
         return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best, self.core.spec.pick_set)
 
-    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool,
-                     offer: bool = False) -> Proposal | None:
-        """One drafter's proposal (offer: what it drafted ahead, actors/remote.py); an empty one
-        when it is down, fails or misses the deadline (a chosen drafter is then marked down; a
-        shadow's failure loses its feedback: None)."""
+    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
+        """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a
+        chosen drafter is then marked down; a shadow's failure loses its feedback: None)."""
         from ray.exceptions import RayError
 
         if arm == NO_DRAFT:  # drafts nothing: no call
@@ -423,7 +378,7 @@ class CoordinatorActor:
         handle = self.core.drafters[arm]
         self.drafting[arm] = self.drafting.get(arm, 0) + 1
         try:
-            call = (handle.offer if offer else handle.propose).remote(request_id, delta, k, sampling)
+            call = handle.propose.remote(request_id, delta, k, sampling)
             proposal = await asyncio.wait_for(call, self.draft_timeout_s)
         except (asyncio.TimeoutError, RayError) as err:
             if not chosen:

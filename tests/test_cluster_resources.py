@@ -46,16 +46,8 @@ def test_the_config_takes_a_placement_strategy_and_custom_resources():
     ({"placement": {"timeout_s": 0}}, "placement.timeout_s"),
     ({"target": {"num_gpus": -1}}, "target.num_gpus"),
     ({"drafters": [{"name": "n", "kind": "ngram", "resources": {"x": "lots"}}]}, "drafters.0.resources.x"),
-    ({"drafters": [{"name": "s", "kind": "hf", "model": "m", "draft_ahead": -1}]}, "drafters.0.draft_ahead"),
 ])
 def test_a_bad_placement_or_resource_setting_names_its_field(args, field):
     with pytest.raises(ValidationError) as caught:
         ServiceConfig.model_validate(args)
     assert field in {".".join(str(part) for part in e["loc"]) for e in caught.value.errors()}
-
-
-def test_a_drafters_draft_ahead_setting_reaches_its_actor_spec():
-    from cluster.pool import _spec
-
-    config = ServiceConfig.model_validate({"drafters": [{"name": "small", "kind": "hf", "model": "m", "draft_ahead": 8}]})
-    assert _spec(config, config.drafters[0], gpus_in_cluster=0.0).draft_ahead == 8

@@ -74,19 +74,18 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
 
 
 def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None,
-                cut_drafts: bool = True, device: CostProfile | None = None, draft_ahead: bool = False) -> SpeculativeEngine:
+                cut_drafts: bool = True, device: CostProfile | None = None) -> SpeculativeEngine:
     """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k.
-    device: the engine decides as on that device (`--cost-profile`; deploy/engine.py); draft_ahead:
-    its model drafters draft ahead while the target verifies (`--draft-ahead`; actors/hf.py)."""
+    device: the engine decides as on that device (`--cost-profile`; deploy/engine.py)."""
     vocab = target.vocab_size
     if run == "ar":
         return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
         return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k,
-                                 cut_drafts=cut_drafts, device=device, draft_ahead=draft_ahead)
+                                 cut_drafts=cut_drafts, device=device)
     return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k,
-                             cut_drafts=cut_drafts, device=device, draft_ahead=draft_ahead)
+                             cut_drafts=cut_drafts, device=device)
 
 
 def run_bench(
@@ -102,14 +101,11 @@ def run_bench(
     trace_prompt: str | None = None,
     cost_profile: str | None = None,
     cut_drafts: bool = True,
-    draft_ahead: bool = False,
 ) -> dict:
     from tqdm import tqdm
 
     drafter_names = parse_drafter_names(drafters)
     profile = CostProfile.load(cost_profile) if cost_profile else None
-    if draft_ahead and profile is None:
-        raise InvalidRequestError("draft_ahead", "needs --cost-profile: drafting ahead runs behind a device's verification")
     run_names = expand_runs(runs, drafter_names, draft_model is not None)
     levels = parse_concurrency(concurrency)
     trace_id = trace_prompt or prompts[0].id
@@ -124,7 +120,7 @@ def run_bench(
         if run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
-            engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile, draft_ahead)
+            engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
             if run != "ar":  # ar runs without the profile
                 draft_scale = engine.draft_scale
             generators[run] = _engine_generator(engine, profile)
@@ -167,8 +163,7 @@ def run_bench(
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
                    "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
-                                        "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4),
-                                        "draft_ahead": draft_ahead}}
+                                        "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
                       if profile else {})},
         "runs": rows,
         "summary": summarize(rows),
