@@ -95,6 +95,8 @@ class DraftLengths:
 
     def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
         """a_i for the draft's positions 1..n: P(accepted | reached), with the prior."""
+        if not n:
+            return []  # an empty draft (a plain step) needs no statistics row
         reached, accepted = self._rows(proposal)
         return [(float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT) for i in range(n)]
 

@@ -306,22 +306,22 @@ class SpeculativeEngine:
         if not draft_round.pick_best or len(draft_round.proposals) > 1 or not draft_round.shadows:
             return draft_round
         chosen = draft_round.proposals  # none when the chosen model drafter sat the round out
-        rate = self.draft_lengths.rate
-        best_rate, best = max(((rate(p), p) for p in draft_round.shadows), key=lambda rated: rated[0])
-        if best_rate > rate(chosen[0] if chosen else PLAIN_DRAFT):
-            chosen = (best,)
+        rated = [(self.draft_lengths.rate(p), p) for p in (*chosen, *draft_round.shadows)]  # each draft rated once
+        best_rate, best = max(rated[len(chosen):], key=lambda pair: pair[0])
+        chosen_rate = rated[0][0] if chosen else self.draft_lengths.rate(PLAIN_DRAFT)
+        if best_rate > chosen_rate:
+            chosen, chosen_rate = (best,), best_rate
         if draft_round.pick_set and chosen and chosen[0].token_ids:
-            chosen = self._widen(chosen[0], [p for p in (*draft_round.proposals, *draft_round.shadows)
-                                              if p.token_ids and p is not chosen[0]])
+            chosen = self._widen(chosen[0], chosen_rate, [(r, p) for r, p in rated if p.token_ids and p is not chosen[0]])
         return replace(draft_round, proposals=chosen,
-                       shadows=tuple(p for p in (*draft_round.proposals, *draft_round.shadows)
-                                     if not any(p is c for c in chosen)))
+                       shadows=tuple(p for _, p in rated if not any(p is c for c in chosen)))
 
-    def _widen(self, best: Proposal, others: list[Proposal]) -> tuple[Proposal, ...]:
-        """`pick_set`: add the round's other drafts, best rated first, while the tree they make
-        with the drafts taken promises more tokens per second (deploy/draft_length.py `tree_rate`)."""
-        taken, taken_rate = [best], self.draft_lengths.rate(best)
-        for other in sorted(others, key=self.draft_lengths.rate, reverse=True):
+    def _widen(self, best: Proposal, best_rate: float, others: list[tuple[float, Proposal]]) -> tuple[Proposal, ...]:
+        """`pick_set`: add the round's other drafts (with their rates), best rated first, while the
+        tree they make with the drafts taken promises more tokens per second (deploy/draft_length.py
+        `tree_rate`)."""
+        taken, taken_rate = [best], best_rate
+        for _, other in sorted(others, key=lambda pair: pair[0], reverse=True):
             with_it = self.draft_lengths.tree_rate([*taken, other])
             if with_it > taken_rate:
                 taken, taken_rate = [*taken, other], with_it
