@@ -53,7 +53,7 @@ bench: install
 	$(VENV)/bin/specfleet bench --prompts deploy/prompts/task_switch.jsonl --max-tokens 192 \
 		--runs '$(BENCH_RUNS),policy:sw-ucb' --trace-prompt switch-01 --out bench-out/task_switch.json
 
-# the task specialists (code, math, translation): the target's answers to deploy/prompts/train/*.jsonl,
+# the task specialists (code, math, translation, chat, qa): the target's answers to deploy/prompts/train/*.jsonl,
 # a retrieval datastore and a distilled drafter per task, under $$SPECFLEET_CACHE/specialists (not git)
 specialists: install
 	$(VENV)/bin/specfleet specialists

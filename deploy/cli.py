@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.set_defaults(func=cmd_distill)
 
     spec = sub.add_parser("specialists", help="build the specialist pool (corpus, retrieval datastore, distilled drafter per task)")
-    spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation)")
+    spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation,chat,qa)")
     spec.add_argument("--model", default="smollm2-135m", help="the target")
     spec.add_argument("--layers", type=int, default=2, help="decoder layers of each distilled drafter")
     spec.add_argument("--epochs", type=int, default=8)

@@ -31,6 +31,17 @@ def test_training_prompts_never_repeat_a_bench_prompt_and_are_distinct():
         assert not set(texts) & bench
 
 
+def test_chat_and_qa_training_prompts_leave_out_the_mixed_sets_subjects():
+    from deploy.specialists.tasks import training_prompts
+
+    bench_subjects = ["robot", "paint", "job interview", "relaxing weekend", "working from home", "ocean at night", "Australia",
+                      "sky", "Pride and Prejudice", "Amazon", "weather and climate"]
+    for task in ("chat", "qa"):
+        for messages in training_prompts(task, 160):
+            text = messages[0]["content"].lower()
+            assert not [s for s in bench_subjects if s.lower() in text], text
+
+
 def test_the_shipped_training_files_are_what_the_generator_writes(tmp_path):
     from deploy.specialists.tasks import SPECIALIST_TASKS, write_training_files
 

@@ -1,10 +1,12 @@
 """Training prompts for the specialist tasks, generated from the project's own templates.
 
-`training_prompts(task, n, seed)` returns n distinct chat prompts for `code`, `math` or
-`translation`, drawn from templates and fillers written here (seeded, so a build is
-reproducible). They share the bench tasks' style but never their text: tests/test_specialists.py
-checks that no training prompt equals a prompt of deploy/prompts/*.jsonl. `python -m
-deploy.specialists.tasks` writes them to deploy/prompts/train/<task>.jsonl (the shipped files).
+`training_prompts(task, n, seed)` returns n distinct chat prompts for `code`, `math`,
+`translation`, `chat` or `qa`, drawn from templates and fillers written here (seeded, so a build
+is reproducible). They share the bench tasks' style but never their text (tests/test_specialists.py
+checks that no training prompt equals a prompt of deploy/prompts/*.jsonl), and the chat and qa
+fillers leave out the mixed set's chat and qa subjects (no ocean poem, no capital of Australia).
+`python -m deploy.specialists.tasks` writes them to deploy/prompts/train/<task>.jsonl (the
+shipped files).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-SPECIALIST_TASKS = ("code", "math", "translation")
+SPECIALIST_TASKS = ("code", "math", "translation", "chat", "qa")
 TRAIN_PROMPTS_PER_TASK = 160
 
 _FUNCTIONS = [
@@ -115,7 +117,98 @@ def _translation(rng: random.Random) -> str:
     return rng.choice(_TRANSLATE).format(lang=rng.choice(_TARGET_LANGUAGES), text=" ".join(sentences))
 
 
-_GENERATORS: dict[str, Callable[[random.Random], str]] = {"code": _code, "math": _math, "translation": _translation}
+_HEROES = ["a shy cat", "an old lighthouse keeper", "a young dragon", "a lost puppy", "a tiny ant", "a clumsy wizard",
+           "a girl who lives on a farm", "a retired astronaut", "a curious owl", "a baker in a small village"]
+_QUESTS = ["learns to swim", "finds a secret door in the library", "makes an unlikely friend", "loses a magic key",
+           "wants to see the mountains", "opens a bakery", "is afraid of the dark", "builds a boat", "learns to play the violin",
+           "travels to the city for the first time"]
+_POEM_THEMES = ["autumn leaves", "a rainy morning", "the mountains in winter", "a quiet library", "city lights",
+                "a garden in spring", "the first snow", "an old oak tree", "friendship", "the desert at noon", "a train journey",
+                "a summer storm"]
+_WORRIES = [("have an important exam next week", "stressed"), ("am moving to a new city alone", "anxious"),
+            ("start a new job on Monday", "worried"), ("have to give a speech at my friend's wedding", "nervous"),
+            ("have too many tasks at work", "overwhelmed"), ("just finished a big project", "tired and a bit empty"),
+            ("have to tell my roommate something difficult", "uneasy"), ("am learning to drive", "scared")]
+_PLANS = ["a productive Monday morning", "a day trip to the countryside", "learning to cook in one month",
+          "a birthday party for a seven-year-old", "a cheap holiday by the sea", "starting to run three times a week",
+          "cleaning out a messy garage", "a cozy evening with friends", "learning to draw in thirty days"]
+_HABIT_GOALS = ["sleeping better", "saving money", "learning a new language", "staying focused while studying",
+                "keeping a tidy house", "eating more vegetables", "reading more books", "drinking enough water",
+                "spending less time on the phone"]
+_CHAT_TAILS = ["", " Keep it short.", " Please be brief.", " Make it fun."]
+
+
+def _chat(rng: random.Random) -> str:
+    kind, tail = rng.randrange(6), rng.choice(_CHAT_TAILS)
+    if kind == 0:
+        return f"Tell me a short story about {rng.choice(_HEROES)} who {rng.choice(_QUESTS)}.{tail}"
+    if kind == 1:
+        return f"Write a short poem about {rng.choice(_POEM_THEMES)}.{tail}"
+    if kind == 2:
+        situation, feeling = rng.choice(_WORRIES)
+        return f"I {situation} and I feel {feeling}. Any advice?{tail}"
+    if kind == 3:
+        return f"Can you suggest a simple plan for {rng.choice(_PLANS)}?{tail}"
+    if kind == 4:
+        return f"What are some good habits for {rng.choice(_HABIT_GOALS)}?{tail}"
+    return f"Give me {rng.randint(3, 6)} ideas for {rng.choice(_PLANS)}.{tail}"
+
+
+_CAPITALS = [("Canada", "Toronto"), ("Brazil", "Rio de Janeiro"), ("Turkey", "Istanbul"), ("Switzerland", "Zurich"),
+             ("the United States", "New York"), ("Nigeria", "Lagos"), ("India", "Mumbai"), ("New Zealand", "Auckland"),
+             ("Morocco", "Casablanca"), ("Vietnam", "Ho Chi Minh City")]
+_WHY = ["do leaves change color in autumn", "is the sea salty", "do we have seasons", "does ice float on water",
+        "do cats purr", "are sunsets red", "do birds migrate", "does bread rise", "do we yawn", "does the moon have phases",
+        "do onions make us cry", "is the grass green"]
+_BOOKS = ["Moby-Dick", "Nineteen Eighty-Four", "Hamlet", "The Odyssey", "Don Quixote", "War and Peace", "Frankenstein",
+          "The Great Gatsby", "Jane Eyre", "Romeo and Juliet", "The Little Prince", "Crime and Punishment"]
+_CONTEXTS = [
+    ("The Nile is about 6,650 kilometers long and flows north through eleven countries before it reaches the Mediterranean Sea.",
+     "Into which sea does the Nile flow, and how long is it?"),
+    ("Mount Everest, on the border between Nepal and China, is 8,849 meters high. It was first climbed in 1953.",
+     "How high is Mount Everest, and when was it first climbed?"),
+    ("The Great Wall of China was built over many centuries, mostly to protect against invasions from the north.",
+     "Why was the Great Wall of China built?"),
+    ("Honey never spoils because it holds very little water and is slightly acidic, so bacteria cannot grow in it.",
+     "Why does honey not spoil?"),
+    ("The Sahara is the largest hot desert in the world and covers most of North Africa.",
+     "Where is the Sahara, and what is special about its size?"),
+    ("Penguins cannot fly, but their wings work like flippers, which makes them excellent swimmers.",
+     "Can penguins fly, and what do they use their wings for?"),
+    ("The Eiffel Tower was built for the 1889 World's Fair in Paris and was at first criticized by many artists.",
+     "For which event was the Eiffel Tower built, and how did artists react to it?"),
+    ("Bamboo is a grass, not a tree, and some species can grow almost one meter in a single day.",
+     "Is bamboo a tree, and how fast can it grow?"),
+]
+_DIFFERENCES = [("a virus", "a bacterium"), ("a lake", "a sea"), ("speed", "velocity"), ("a comet", "an asteroid"),
+                ("a simile", "a metaphor"), ("mass", "weight"), ("an alligator", "a crocodile"), ("a democracy", "a monarchy"),
+                ("baking soda", "baking powder"), ("a frog", "a toad"), ("an ocean current", "a tide"), ("a fruit", "a vegetable")]
+_HOW = ["a rainbow form", "a refrigerator keep food cold", "photosynthesis work", "a vaccine protect us",
+        "an airplane stay in the air", "a compass find north", "the heart pump blood", "a volcano erupt"]  # after "How does"
+_QA_TAILS = ["", " Answer in a short paragraph.", " Keep the answer brief.", " Explain it simply."]
+
+
+def _qa(rng: random.Random) -> str:
+    kind, tail = rng.randrange(6), rng.choice(_QA_TAILS)
+    if kind == 0:
+        country, city = rng.choice(_CAPITALS)
+        return rng.choice([f"What is the capital of {country}, and why is it not {city}?", f"What is the capital of {country}?{tail}"])
+    if kind == 1:
+        return f"Why {rng.choice(_WHY)}?{tail}"
+    if kind == 2:
+        return f"Who wrote {rng.choice(_BOOKS)}, and what is it about?{tail}"
+    if kind == 3:
+        context, question = rng.choice(_CONTEXTS)
+        return f"Context: {context}\n\nQuestion: {question}"
+    if kind == 4:
+        a, b = rng.choice(_DIFFERENCES)
+        return f"What is the difference between {a} and {b}?{tail}"
+    return f"How does {rng.choice(_HOW)}?{tail}"
+
+
+_GENERATORS: dict[str, Callable[[random.Random], str]] = {
+    "code": _code, "math": _math, "translation": _translation, "chat": _chat, "qa": _qa,
+}
 
 
 def training_prompts(task: str, n: int, seed: int = 0) -> list[list[dict[str, str]]]:
