@@ -39,7 +39,6 @@ class Proposal:
     draft_s: float = 0.0
     match_length: int = 0  # context tokens the draft's source matched (n-gram tail, datastore tail); 0 = unknown
     source: str = ""  # which of a composite drafter's sources drafted it ("" = the drafter itself)
-    support: int = 0  # leading tokens another draft of the same round also proposed (set by the engine)
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):

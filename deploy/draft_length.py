@@ -4,11 +4,9 @@ Verifying more positions costs a larger target forward; on CPU that cost is far 
 forward over 2 positions costs what 1 does, 4 about 1.3 plain steps, 8 about 1.3-1.5). A drafter's late
 tokens are worth verifying only while their expected yield pays for the larger forward.
 
-`DraftLengths` learns, per (drafter, source, match length, support) — which of a composite
-drafter's sources drafted (a hierarchy's level, a retrieval drafter's datastore or the request's
-context), the length of context it matched (actors/proposal.py; 0 when a drafter does not say) and
-how many of its leading tokens another draft of the same round also proposed (`with_support`, up
-to MAX_SUPPORT_KEY: drafters that agree are evidence, worth as much as the table learns it is) —
+`DraftLengths` learns, per (drafter, source, match length) — which of a composite drafter's sources
+drafted (a hierarchy's level, a retrieval drafter's datastore or the request's context) and the
+length of context it matched, its evidence (actors/proposal.py; 0 when a drafter does not say) —
 how often draft position i was reached (every earlier drafted token accepted) and accepted, over
 every verified draft.
 A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
@@ -31,7 +29,6 @@ learning.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -41,25 +38,6 @@ from deploy.draft_tree import ROOT, DraftTree
 PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
 WEIGHT = 2.0  # pseudo-counts behind PRIOR
 MAX_MATCH_KEY = 8  # longer matches share one row of statistics
-MAX_SUPPORT_KEY = 3  # drafts agreeing on more leading tokens share one row
-
-
-def with_support(drafts: Sequence[Proposal]) -> tuple[Proposal, ...]:
-    """The round's drafts, each with `support`: the longest run of leading tokens it shares with
-    another drafter's draft of the round (drafts of the same drafter are not independent evidence)."""
-    supported = []
-    for draft in drafts:
-        support = 0
-        for other in drafts:
-            if other.drafter != draft.drafter:
-                shared = 0
-                for mine, theirs in zip(draft.token_ids, other.token_ids):
-                    if mine != theirs:
-                        break
-                    shared += 1
-                support = max(support, shared)
-        supported.append(replace(draft, support=support) if support != draft.support else draft)
-    return tuple(supported)
 
 
 class DraftLengths:
@@ -67,12 +45,11 @@ class DraftLengths:
         """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
         forward_size(n): the padded size the engine runs for n positions."""
         self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
-        self._reached: dict[tuple[str, str, int, int], np.ndarray] = {}
-        self._accepted: dict[tuple[str, str, int, int], np.ndarray] = {}
+        self._reached: dict[tuple[str, str, int], np.ndarray] = {}
+        self._accepted: dict[tuple[str, str, int], np.ndarray] = {}
 
     def _rows(self, proposal: Proposal) -> tuple[np.ndarray, np.ndarray]:
-        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY),
-               min(proposal.support, MAX_SUPPORT_KEY))
+        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY))
         if key not in self._reached:
             self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
         return self._reached[key], self._accepted[key]

@@ -43,7 +43,7 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
 from deploy.cost_profile import CostProfile
 from deploy.counterfactual import CounterfactualScorer, ShadowScore
-from deploy.draft_length import DraftLengths, with_support
+from deploy.draft_length import DraftLengths
 from deploy.draft_tree import ROOT, DraftTree
 from deploy.errors import InvalidRequestError
 from deploy.sampling import SamplingParams, warp_probs
@@ -295,12 +295,9 @@ class SpeculativeEngine:
         return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
 
     def _cut(self, draft_round: DraftRound) -> DraftRound:
-        """Each draft (chosen or shadow), with its support among the round's drafts, cut to the
-        length worth verifying (deploy/draft_length.py)."""
-        drafts = with_support(draft_round.proposals + draft_round.shadows)
-        n = len(draft_round.proposals)
-        return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in drafts[:n]),
-                       shadows=tuple(self.draft_lengths.cut(p) for p in drafts[n:]))
+        """Each draft (chosen or shadow) cut to the length worth verifying (deploy/draft_length.py)."""
+        return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
+                       shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
 
     def _pick(self, draft_round: DraftRound) -> DraftRound:
         """A `pick_best` round of one chosen draft (or none: its model drafter sat the round out)

@@ -125,25 +125,3 @@ def test_a_second_draft_that_diverges_adds_its_chance_only_where_the_first_is_wr
     # a draft that is always wrong adds nothing: free on a flat-cost device, a loss where positions cost
     assert flat.tree_rate([first, wrong]) == pytest.approx(flat.rate(first), rel=0.01)
     assert steep.tree_rate([first, wrong]) < steep.rate(first) < steep.tree_rate([first, second])
-
-
-def test_a_drafts_support_is_the_run_of_leading_tokens_another_drafter_also_proposed():
-    from deploy.draft_length import with_support
-
-    ngram = Proposal("ngram", (1, 2, 3, 4))
-    retrieval = Proposal("retrieval-code", (1, 2, 9))
-    same_drafter = Proposal("ngram", (1, 2, 3, 4))
-    alone = Proposal("suffix", (7, 8))
-    assert [p.support for p in with_support([ngram, retrieval, alone])] == [2, 2, 0]
-    assert [p.support for p in with_support([ngram, same_drafter])] == [0, 0]  # one drafter is no second opinion
-
-
-def test_a_draft_another_drafter_agrees_with_learns_apart_from_one_drafted_alone():
-    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
-    agreed = replace(draft(), support=3)
-    for _ in range(30):
-        lengths.observe(agreed, accepted=6)
-        lengths.observe(draft(), accepted=0)
-    assert lengths.best_length(agreed) == 6
-    assert lengths.best_length(draft()) == 0
-    assert lengths.rate(agreed) > lengths.rate(draft())
