@@ -6,12 +6,6 @@ and propose what followed it; the proposal carries n as its match length (a one-
 evidence: the engine's draft-length rule learns how much of such a draft to verify). Model-free,
 so q is a point mass. One vectorised pass over the context finds every tail length at once (the
 occurrences of the last token, narrowed backwards).
-
-`runner_up=True` (the `ngram-alt` kind) proposes prompt lookup's second opinion instead: the
-latest occurrence, longest tail first, whose continuation is neither that draft nor a prefix of it;
-when every occurrence of the longest tail continues alike, it backs off to shorter tails. Alone it is
-a weak drafter; it is meant as another branch of a multi-draft round (the context often continues a
-repeated pattern in more than one way: list items, code lines, table rows).
 """
 from __future__ import annotations
 
@@ -42,64 +36,26 @@ def matched_lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> tuple
     return tuple(int(t) for t in continuation), matched
 
 
-def runner_up_lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[tuple[int, ...], int]:
-    """-> (the latest continuation, longest tail first (max_n down to min_n), that is neither
-    longest_lookup's draft nor a prefix of it; the length of the tail it follows). ((), 0) if none."""
-    if k <= 0:
-        return (), 0
-    occurrences = _tail_occurrences(context, max_n)
-    draft, matched = _choose(context, occurrences, min_n, k)
-    if not matched:
-        return (), 0
-    length = context.shape[0]
-    padded = np.full(k, -1, dtype=context.dtype)
-    padded[: draft.shape[0]] = draft
-    steps = np.arange(k)
-    for n in range(matched, min_n - 1, -1):
-        ends = occurrences[n - 1]
-        follow = context[np.minimum(ends[:, None] + 1 + steps, length - 1)]  # [occurrences, k]
-        lengths = np.minimum(k, length - 1 - ends)
-        shared = steps[None, :] < np.minimum(lengths, draft.shape[0])[:, None]
-        differs = ((follow != padded) & shared).any(axis=1) | (lengths > draft.shape[0])
-        if differs.any():
-            end = int(ends[np.flatnonzero(differs)[-1]])
-            return tuple(int(t) for t in context[end + 1 : end + 1 + k]), n
-    return (), 0
-
-
 def _lookup(context: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[np.ndarray, int]:
-    """Among the occurrences of the longest tail found (>= min_n), the most recent with k tokens
-    after it, else the one with the longest continuation (the earliest)."""
-    if k <= 0:
-        return context[:0], 0
-    return _choose(context, _tail_occurrences(context, max_n), min_n, k)
-
-
-def _tail_occurrences(context: np.ndarray, max_n: int) -> list[np.ndarray]:
-    """[ends of the last 1 token's earlier occurrences, of the last 2 tokens', ...] (each ascending,
-    each < L - 1), up to max_n tokens or the longest tail that occurred. One pass for every tail
-    length: the earlier positions holding the last token, narrowed to those preceded by the tail's
-    previous token, and so on."""
+    """One pass for every tail length: the earlier positions holding the last token, narrowed to
+    those preceded by the tail's previous token, and so on, up to max_n tokens. Among the
+    occurrences of the longest tail found (>= min_n), the most recent with k tokens after it,
+    else the one with the longest continuation (the earliest)."""
     length = context.shape[0]
-    if length < 2:
-        return []
-    ends = np.flatnonzero(context[:-1] == context[-1])
-    occurrences = [ends] if ends.size else []
+    if length < 2 or k <= 0:
+        return context[:0], 0
+    ends = np.flatnonzero(context[:-1] == context[-1])  # an occurrence's last position, each < L - 1
+    found, matched = (ends, 1) if min_n <= 1 else (ends[:0], 0)
     for n in range(2, min(max_n, length - 1) + 1):
         ends = ends[ends >= n - 1]
         ends = ends[context[ends - (n - 1)] == context[length - n]]
         if ends.size == 0:
             break
-        occurrences.append(ends)
-    return occurrences
-
-
-def _choose(context: np.ndarray, occurrences: list[np.ndarray], min_n: int, k: int) -> tuple[np.ndarray, int]:
-    matched = len(occurrences)
-    if matched < max(min_n, 1):
+        if n >= min_n:
+            found, matched = ends, n
+    if found.size == 0:
         return context[:0], 0
-    found = occurrences[-1]
-    full = found[found + 1 + k <= context.shape[0]]
+    full = found[found + 1 + k <= length]
     end = int(full[-1]) if full.size else int(found[0])
     return context[end + 1 : end + 1 + k], matched
 
@@ -107,17 +63,16 @@ def _choose(context: np.ndarray, occurrences: list[np.ndarray], min_n: int, k: i
 class NgramProposer:
     model_free = True  # cheap enough to ask every round for counterfactual feedback
 
-    def __init__(self, name: str = "ngram", min_n: int = 1, max_n: int = 4, runner_up: bool = False) -> None:
+    def __init__(self, name: str = "ngram", min_n: int = 1, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise InvalidRequestError("ngram.min_n", f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.name, self.min_n, self.max_n = name, min_n, max_n
-        self.lookup = runner_up_lookup if runner_up else matched_lookup
         self.sessions = SessionStore()
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         start = time.perf_counter()
         context = np.asarray(self.sessions.extend(session, context_delta).tokens, dtype=np.int64)
-        draft, matched = self.lookup(context, self.min_n, self.max_n, k)
+        draft, matched = matched_lookup(context, self.min_n, self.max_n, k)
         return Proposal(drafter=self.name, token_ids=draft, draft_s=time.perf_counter() - start, match_length=matched)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

@@ -1,7 +1,6 @@
 """Build a drafter pool from names: the only place that knows every drafter kind.
 
-Kinds: `ngram` (prompt lookup), `ngram-alt` (prompt lookup's runner-up continuation, a second
-branch for multi-draft rounds), `suffix` (cache of past requests), `hierarchy` (context, then past
+Kinds: `ngram` (prompt lookup), `suffix` (cache of past requests), `hierarchy` (context, then past
 requests, then the model drafter if any), `hf` (a model drafter; needs a draft model), `none`
 (the no-draft arm), and the task specialists built by `specfleet specialists` (actors/specialists.py),
 which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
@@ -24,7 +23,7 @@ from actors.specialists import built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 from deploy.errors import InvalidRequestError
 
-DRAFTER_KINDS = ("ngram", "ngram-alt", "suffix", "hierarchy", "hf", NO_DRAFT)
+DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)
 POOLS = ("default", "specialists")
 DISTILL_MIN_CONFIDENCE = 0.4  # a distilled specialist stops drafting after a token it is less sure of
@@ -69,8 +68,6 @@ def build_drafters(
     for name in parse_drafter_names(names):
         if name == "ngram":
             pool[name] = NgramProposer()
-        elif name == "ngram-alt":
-            pool[name] = NgramProposer(name=name, runner_up=True)
         elif name == "suffix":
             pool[name] = SuffixProposer()
         elif name == NO_DRAFT:

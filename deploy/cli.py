@@ -23,7 +23,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="float32 (default; bit-exact greedy), bfloat16, float16")
     _pool_arg(parser)
     parser.add_argument("--drafters", default=None,
-                        help=f"comma list of ngram,ngram-alt,suffix,hierarchy,hf,none,retrieval-<task>,distill-<task> "
+                        help=f"comma list of ngram,suffix,hierarchy,hf,none,retrieval-<task>,distill-<task> "
                              f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)})")
     parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")

@@ -33,7 +33,7 @@ def assert_matches_plain(engine, plain, sequence=SEQUENCE):
     return result
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "ngram-alt", "suffix", "hierarchy", "hf"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "hierarchy", "hf"])
 def test_every_drafter_reproduces_plain_greedy_decoding(target, early_exit_drafter_model, plain, drafter):
     drafters = build_drafters([drafter], early_exit_drafter_model, target.vocab_size)
     # every drafted token verified, so each drafter's whole drafts go through verification

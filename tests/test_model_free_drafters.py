@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from actors.hierarchy import HierarchyProposer
-from actors.ngram import NgramProposer, longest_lookup, lookup_continuation, runner_up_lookup
+from actors.ngram import NgramProposer, longest_lookup, lookup_continuation
 from actors.no_draft import NoDraftProposer
 from actors.suffix import SuffixProposer, SuffixTrie
 from deploy.errors import InvalidRequestError
@@ -46,52 +46,6 @@ def test_one_pass_lookup_agrees_with_the_brute_force_definition_on_random_contex
         min_n = int(rng.integers(1, 4))
         max_n, k = min_n + int(rng.integers(0, 4)), int(rng.integers(1, 8))
         assert longest_lookup(np.array(context), min_n, max_n, k) == brute_force_lookup(context, min_n, max_n, k)
-
-
-def brute_force_runner_up(context: list[int], min_n: int, max_n: int, k: int) -> tuple[int, ...]:
-    """The definition: the latest continuation, longest tail first, that neither equals the lookup's
-    draft nor is a prefix of it."""
-    draft = brute_force_lookup(context, min_n, max_n, k)
-    if not draft:
-        return ()
-    length = len(context)
-    longest = max(n for n in range(min_n, max_n + 1)
-                  if any(context[s : s + n] == context[length - n :] for s in range(length - n)))
-    for n in range(longest, min_n - 1, -1):
-        starts = [s for s in range(length - n) if context[s : s + n] == context[length - n :]]
-        others = [tuple(context[s + n : s + n + k]) for s in starts if draft[: len(context[s + n : s + n + k])] != tuple(context[s + n : s + n + k])]
-        if others:
-            return others[-1]
-    return ()
-
-
-def test_runner_up_lookup_agrees_with_its_definition_on_random_contexts():
-    rng = np.random.default_rng(1)
-    alternatives = 0
-    for _ in range(400):
-        context = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 40))).tolist()
-        min_n = int(rng.integers(1, 4))
-        max_n, k = min_n + int(rng.integers(0, 4)), int(rng.integers(1, 8))
-        expected = brute_force_runner_up(context, min_n, max_n, k)
-        assert runner_up_lookup(np.array(context), min_n, max_n, k)[0] == expected
-        alternatives += bool(expected)
-    assert alternatives > 100  # the random contexts do exercise the alternatives
-
-
-def test_runner_up_offers_the_other_way_the_context_went_on():
-    # after [1, 2] the context went on with 3 once and with 4 later: ngram drafts 4 ..., ngram-alt 3 ...
-    context = [1, 2, 3, 9, 1, 2, 4, 9, 1, 2]
-    assert NgramProposer().propose("r", context, 2, GREEDY).token_ids == (4, 9)
-    alternative = NgramProposer(name="ngram-alt", runner_up=True).propose("r", context, 2, GREEDY)
-    assert alternative.token_ids == (3, 9) and alternative.match_length == 2
-
-
-def test_runner_up_backs_off_to_a_shorter_tail_when_the_longest_continues_alike():
-    # [5, 6] was always followed by 7; the token 6 alone was once followed by 8
-    context = [6, 8, 0, 5, 6, 7, 0, 5, 6, 7, 0, 5, 6]
-    proposal = NgramProposer(name="ngram-alt", runner_up=True).propose("r", context, 2, GREEDY)
-    assert proposal.token_ids == (8, 0) and proposal.match_length == 1
-    assert NgramProposer(name="ngram-alt", runner_up=True).propose("r", [1, 2, 3, 1, 2, 3, 1, 2], 2, GREEDY).token_ids == ()
 
 
 def test_ngram_prefers_the_longest_matching_tail():

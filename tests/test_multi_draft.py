@@ -145,7 +145,7 @@ def plain(target):
 @pytest.mark.model
 @pytest.mark.parametrize("policy", ["metasd-ucb-m2", "metasd-ucb-mall", "metasd-ucb-cost-mauto", "metasd-ucb-m2-cf"])
 def test_multi_draft_policies_reproduce_plain_greedy_decoding(target, early_exit_drafter_model, plain, policy):
-    drafters = build_drafters(["ngram", "ngram-alt", "suffix", "hf", NO_DRAFT], early_exit_drafter_model, target.vocab_size)
+    drafters = build_drafters(["ngram", "suffix", "hf", NO_DRAFT], early_exit_drafter_model, target.vocab_size)
     engine = SpeculativeEngine(target, drafters, policy=policy)
     multi_rounds = 0
     for index in (0, 2):  # two prompts
