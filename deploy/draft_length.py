@@ -19,7 +19,8 @@ then lengthened to fill the forward it needs anyway (a size padded up to a cheap
 the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
 with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted | n] per
 second of its forward): the engine compares a round's drafts by it; `tree_rate` is the estimate
-for several drafts verified together as one token tree (`-mrated`). `tokens_to_draft` is the same choice
+for several drafts verified together as one token tree (`-mrated`), and `select_tree` the nodes
+of such a tree worth verifying: of each size, the nodes most likely accepted (`-mtree`). `tokens_to_draft` is the same choice
 made before drafting, for a drafter that pays `per_token_s` of drafting per token (a model): the
 length l in 1..k with the most expected tokens per second of drafting plus verification, or 0 when
 that rate does not beat the best draft already in hand. The statistics are shared by
@@ -73,10 +74,33 @@ class DraftLengths:
 
     def tree_rate(self, proposals: Sequence[Proposal]) -> float:
         """Expected tokens emitted per second if these drafts are verified together as one token
-        tree (deploy/draft_tree.py). A node's acceptance, once its parent is accepted, is the best
-        of its drafts' a_i there; the children of a node hold distinct tokens, so at most one is
-        the target's: in draft order, child c is taken with prod_{earlier}(1 - a) * a_c (as if
-        the drafts erred independently)."""
+        tree (deploy/draft_tree.py), with each node's P(accepted) from `_node_probabilities`."""
+        tree, accepted = self._node_probabilities(proposals)
+        return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)
+
+    def select_tree(self, proposals: Sequence[Proposal]) -> list[int]:
+        """The nodes of these drafts' tree worth verifying, as the length each draft is cut to
+        (0: left out): of every size s, the s nodes most likely accepted (a parent is never
+        less likely than its child, so they form a subtree), at the size with the most expected
+        tokens per second, (1 + sum of their P) / cost(s + 1); none (a plain step) when no size
+        beats it. Node-level, as in EAGLE-2: a draft's first tokens can join while its tail, or a
+        weaker draft, is left out."""
+        tree, accepted = self._node_probabilities(proposals)
+        order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
+        best_size, best_rate, expected = 0, 1.0 / self.cost_s(1), 1.0
+        for size, node in enumerate(order, start=1):
+            expected += accepted[node]
+            rate = expected / self.cost_s(size + 1)
+            if rate > best_rate:
+                best_size, best_rate = size, rate
+        kept = set(order[:best_size])
+        return [next((i for i, node in enumerate(path) if node not in kept), len(path)) for path in tree.paths]
+
+    def _node_probabilities(self, proposals: Sequence[Proposal]) -> tuple[DraftTree, list[float]]:
+        """The drafts' token tree and each node's P(accepted). A node's acceptance, once its parent
+        is accepted, is the best of its drafts' a_i there; the children of a node hold distinct
+        tokens, so at most one is the target's: in draft order, child c is taken with
+        prod_{earlier}(1 - a) * a_c (as if the drafts erred independently)."""
         drafts = [p.token_ids[: self.max_k] for p in proposals]
         tree = DraftTree.build(drafts)
         acceptance = [0.0] * tree.size
@@ -91,7 +115,7 @@ class DraftLengths:
             still = missed.get(parent, 1.0)
             accepted[node] = reach * still * acceptance[node]
             missed[parent] = still * (1.0 - acceptance[node])
-        return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)
+        return tree, accepted
 
     def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
         """a_i for the draft's positions 1..n: P(accepted | reached), with the prior."""

@@ -8,7 +8,8 @@ verifies whichever of them promises the most tokens per second by those same sta
 drafter's learned acceptance for the draft's source and match length): the bandit picks which
 drafters run, the evidence of the round's own drafts picks which one to verify, and the others
 are scored as shadows; a `-mrated` round then adds the others, best rated first, while the tree
-they make promises more (`DraftLengths.tree_rate`); a `-cf` round verifies its chosen draft and
+they make promises more (`DraftLengths.tree_rate`); a `-mtree` round instead cuts the tree of
+every uncut draft node by node (`DraftLengths.select_tree`); a `-cf` round verifies its chosen draft and
 only scores the shadows. A model drafter is asked for as many tokens as pay for their drafting time
 too, and for none when a model-free draft in hand already promises more (drafting in one process
 is sequential: the cheap drafters draft first). One draft: the forward runs over [last token, draft],
@@ -208,7 +209,7 @@ class SpeculativeEngine:
                 draft_round = self._on_device(draft_round)
                 self._time_drafting(draft_round)
                 if cutting:
-                    draft_round = self._pick(self._cut(draft_round))
+                    draft_round = self._pick(self._cut(draft_round), uncut=draft_round)
                 draft_s = time.perf_counter() - start
                 sent = len(tokens)
                 start = time.perf_counter()
@@ -299,10 +300,12 @@ class SpeculativeEngine:
         return replace(draft_round, proposals=tuple(self.draft_lengths.cut(p) for p in draft_round.proposals),
                        shadows=tuple(self.draft_lengths.cut(p) for p in draft_round.shadows))
 
-    def _pick(self, draft_round: DraftRound) -> DraftRound:
+    def _pick(self, draft_round: DraftRound, uncut: DraftRound | None = None) -> DraftRound:
         """A `pick_best` round of one chosen draft (or none: its model drafter sat the round out)
-        and shadows: verify the draft with the highest expected rate (the chosen one, or a plain
-        step, on a tie); the others become the round's shadows."""
+        and shadows, each cut (`uncut`: the same round before `_cut`): verify the draft with the
+        highest expected rate (the chosen one, or a plain step, on a tie); the others become the
+        round's shadows. `pick_set` widens it to a tree (`_widen`); `pick_nodes` instead cuts the
+        tree of every uncut draft, the best first, node by node (DraftLengths.select_tree)."""
         if not draft_round.pick_best or len(draft_round.proposals) > 1 or not draft_round.shadows:
             return draft_round
         chosen = draft_round.proposals  # none when the chosen model drafter sat the round out
@@ -311,10 +314,24 @@ class SpeculativeEngine:
         chosen_rate = rated[0][0] if chosen else self.draft_lengths.rate(PLAIN_DRAFT)
         if best_rate > chosen_rate:
             chosen, chosen_rate = (best,), best_rate
+        if draft_round.pick_nodes and chosen and chosen[0].token_ids:
+            return self._select_nodes(draft_round, uncut or draft_round, rated, chosen[0])
         if draft_round.pick_set and chosen and chosen[0].token_ids:
             chosen = self._widen(chosen[0], chosen_rate, [(r, p) for r, p in rated if p.token_ids and p is not chosen[0]])
         return replace(draft_round, proposals=chosen,
                        shadows=tuple(p for _, p in rated if not any(p is c for c in chosen)))
+
+    def _select_nodes(self, draft_round: DraftRound, uncut: DraftRound, rated: list[tuple[float, Proposal]],
+                      best: Proposal) -> DraftRound:
+        """`pick_nodes`: the tree of every draft, uncut, the best rated first, then the others best
+        rated first, cut node by node; the drafts left out become the round's shadows (as cut)."""
+        whole = (*uncut.proposals, *uncut.shadows)
+        first = next(i for i, (_, p) in enumerate(rated) if p is best)
+        order = [first, *sorted((i for i, (_, p) in enumerate(rated) if i != first and whole[i].token_ids),
+                                key=lambda i: -rated[i][0])]
+        lengths = dict(zip(order, self.draft_lengths.select_tree([whole[i] for i in order])))
+        return replace(draft_round, proposals=tuple(whole[i].cut(lengths[i]) for i in order if lengths[i]),
+                       shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i)))
 
     def _widen(self, best: Proposal, best_rate: float, others: list[tuple[float, Proposal]]) -> tuple[Proposal, ...]:
         """`pick_set`: add the round's other drafts (with their rates), best rated first, while the

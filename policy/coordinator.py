@@ -21,7 +21,8 @@ arm, when not chosen, is a shadow that drafts nothing (its cost reward is what a
 have scored), so no policy has to pull it to learn it. With `-mbest` (and `-mauto`) the round is
 marked `pick_best`: the engine verifies whichever of the chosen draft and the shadows promises the
 most, so several drafters draft and one draft is verified; with `-mrated` also `pick_set`: the
-others join it while the tree they make promises more.
+others join it while the tree they make promises more; with `-mtree` also `pick_nodes`: the tree
+of all of them is cut node by node.
 
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
@@ -84,6 +85,7 @@ class DraftRound:
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
     pick_best: bool = False  # verify whichever of one chosen draft and the shadows promises most (-mbest)
     pick_set: bool = False  # ... and add the others while the tree they make promises more (-mrated)
+    pick_nodes: bool = False  # ... or cut the tree of all of them node by node (-mtree)
 
     @property
     def width(self) -> int:
@@ -215,7 +217,7 @@ class Coordinator:
                 continue
             drafts[arm] = self._draft(arm, request_id, chosen.deltas[arm], arm_k, sampling)
         return DraftRound(tuple(drafts[a] for a in chosen.arms if a in drafts), tuple(drafts[a] for a in chosen.shadows),
-                          self.spec.pick_best, self.spec.pick_set)
+                          self.spec.pick_best, self.spec.pick_set, self.spec.pick_nodes)
 
     def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
@@ -364,7 +366,8 @@ class CoordinatorActor:
                                          for arm in asked))
         by_arm = dict(zip(asked, drafts))
         shadows = tuple(by_arm[a] for a in chosen.shadows if by_arm[a] is not None)
-        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best, self.core.spec.pick_set)
+        return DraftRound(tuple(by_arm[a] for a in chosen.arms), shadows, self.core.spec.pick_best, self.core.spec.pick_set,
+                          self.core.spec.pick_nodes)
 
     async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
         """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a

@@ -6,7 +6,7 @@
     exp3, thompson, sh, sw-ucb, random   (BD reward)
     fixed:<drafter>   always that drafter
 
-Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest|-mrated][-cf][-warm]
+Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest|-mrated|-mtree][-cf][-warm]
 
     -m<N>, -mall  draft with the top N (or all) drafting arms by the policy's index each round,
                   verified together as one token tree (the paper uses one; default -m1)
@@ -20,6 +20,9 @@ Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest|-mrate
     -mrated       as -mbest, then the round's other drafts, best rated first, join the verified
                   tree while the tree promises more tokens per second (its expected yield over its
                   forward's cost; deploy/draft_length.py `tree_rate`). Implies -cf.
+    -mtree        as -mbest, then the tree of all the round's drafts is cut node by node: of each
+                  size, its nodes most likely accepted, at the size that promises the most tokens
+                  per second (deploy/draft_length.py `select_tree`). Implies -cf.
     -cf           counterfactual feedback: model-free drafters not chosen also draft each round
                   (no target cost) and learn from how far their draft matches the output; only
                   the chosen arm's draft is verified (a one-drafter policy)
@@ -62,7 +65,7 @@ PRIOR_WEIGHT_PULLED = 32.0  # ... with -cf, each arm not observed for free (meas
 COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: see README)
 AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
 ALL = 0  # width: every drafting arm
-_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best|rated))?(?P<cf>-cf)?(?P<warm>-warm)?$")
+_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best|rated|tree))?(?P<cf>-cf)?(?P<warm>-warm)?$")
 
 _POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -92,6 +95,7 @@ class PolicySpec:
     counterfactual: bool = False
     pick_best: bool = False  # of the chosen draft and the shadows, verify the best-rated one (-mbest)
     pick_set: bool = False  # ... and add the others while their tree promises more (-mrated)
+    pick_nodes: bool = False  # ... or cut the tree of all of them node by node (-mtree)
 
     def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator,
              observed_free: Collection[str] = ()) -> Bandit:
@@ -105,7 +109,7 @@ class PolicySpec:
 
 def drafts_with_several(name: str) -> bool:
     """Whether a policy name has several drafters draft each round (-m<N> with N > 1, -mall,
-    -mauto, -mbest, -mrated); no pool needed (the bench classifies its runs by it)."""
+    -mauto, -mbest, -mrated, -mtree); no pool needed (the bench classifies its runs by it)."""
     parts = _SUFFIXES.match(name)
     return parts is not None and not name.startswith("fixed:") and parts["width"] not in (None, "1")
 
@@ -123,17 +127,18 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     base = parts["base"]
     if base not in _POLICIES:
         raise InvalidRequestError(
-            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest|-mrated, -cf, -warm)"
+            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest|-mrated|-mtree, -cf, -warm)"
         )
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
     width_name = parts["width"] or "1"
-    named = {"all": ALL, "auto": 1, "best": 1, "rated": 1}
+    named = {"all": ALL, "auto": 1, "best": 1, "rated": 1, "tree": 1}
     width = named[width_name] if width_name in named else int(width_name)
     return PolicySpec(
         name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
-        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name in ("best", "rated"),
-        pick_best=width_name in ("auto", "best", "rated"), pick_set=width_name == "rated",
+        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name in ("best", "rated", "tree"),
+        pick_best=width_name in ("auto", "best", "rated", "tree"), pick_set=width_name in ("rated", "tree"),
+        pick_nodes=width_name == "tree",
     )

@@ -158,7 +158,7 @@ def test_profiled_rows_and_the_multi_draft_summary_compare_like_with_like():
 
 
 def test_a_policy_is_multi_draft_when_several_drafters_draft_each_round():
-    assert all(is_multi_draft(f"policy:metasd-ucb{s}") for s in ("-m2", "-mall", "-cost-mauto-cf", "-cost-mbest-warm", "-mrated"))
+    assert all(is_multi_draft(f"policy:metasd-ucb{s}") for s in ("-m2", "-mall", "-cost-mauto-cf", "-cost-mbest-warm", "-mrated", "-mtree"))
     one_drafter = ("policy:metasd-ucb", "policy:metasd-ucb-m1", "policy:metasd-ucb-cost-cf-warm", "single:ngram")
     assert not any(is_multi_draft(name) for name in one_drafter)
 

@@ -160,6 +160,26 @@ def test_a_pick_set_round_on_a_nearly_flat_cost_device_also_verifies_a_draft_tha
     assert widened.proposals == (first, second) and widened.shadows == (wrong,)
 
 
+def test_a_pick_nodes_round_verifies_the_uncut_drafts_node_by_node_and_shadows_those_left_out(target, tmp_path):
+    import json
+
+    from deploy.cost_profile import CostProfile
+
+    path = tmp_path / "gpu.json"  # 6 positions cost 1.05 plain steps, 7 or more 1.3
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "4": 1.0, "6": 1.05, "40": 1.3}}))
+    engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix"]), device=CostProfile.load(path))
+    first, second, wrong = Proposal("ngram", (1, 2, 3)), Proposal("suffix", (1, 5, 6)), Proposal("retrieval", (7, 8, 9))
+    for accepted in (1, 3) * 20:  # each: its first token always right, the rest half the time
+        engine.draft_lengths.observe(first, accepted)
+        engine.draft_lengths.observe(second, accepted)
+        engine.draft_lengths.observe(wrong, 0)
+    uncut = DraftRound((first,), (second, wrong), pick_best=True, pick_set=True, pick_nodes=True)
+    cut = DraftRound((first.cut(1),), (second.cut(1), wrong.cut(1)), pick_best=True, pick_set=True, pick_nodes=True)
+    picked = engine._pick(cut, uncut=uncut)
+    # the tree of the whole drafts (5 nodes, 6 positions), not of their cuts; 'wrong' stays a shadow, as cut
+    assert picked.proposals == (first, second) and picked.shadows == (wrong.cut(1),)
+
+
 def test_the_no_draft_arm_is_a_shadow_of_cost_aware_counterfactual_policies_only():
     pool = build_drafters(["ngram", NO_DRAFT])
     cost = Coordinator(pool, "metasd-ucb-cost-cf")

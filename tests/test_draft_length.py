@@ -125,3 +125,24 @@ def test_a_second_draft_that_diverges_adds_its_chance_only_where_the_first_is_wr
     # a draft that is always wrong adds nothing: free on a flat-cost device, a loss where positions cost
     assert flat.tree_rate([first, wrong]) == pytest.approx(flat.rate(first), rel=0.01)
     assert steep.tree_rate([first, wrong]) < steep.rate(first) < steep.tree_rate([first, second])
+
+
+def test_a_tree_cut_node_by_node_keeps_a_drafts_likely_head_and_leaves_out_what_does_not_pay():
+    first = Proposal("half", (1, 2, 3))  # its first token right, its second never
+    second = Proposal("other", (1, 5, 6))  # shares the first token, then always right
+    wrong = Proposal("wrong", (7, 8, 9))
+    mild = DraftLengths(lambda n: PLAIN_S * (1 + 0.05 * (n - 1)), unpadded, 8)
+    flat, steep = DraftLengths(flat_cost, unpadded, 8), DraftLengths(steep_cost, unpadded, 8)
+    for lengths in (mild, flat, steep):
+        for _ in range(200):
+            lengths.observe(first, accepted=1)
+            lengths.observe(second, accepted=3)
+            lengths.observe(wrong, accepted=0)
+    # where each position costs a little: the shared token and 'other', not 'half''s tail nor 'wrong'
+    assert mild.select_tree([first, second, wrong]) == [1, 3, 0]
+    # free positions: every node may be right, so all are verified; a plain step where each costs a step
+    assert flat.select_tree([first, second, wrong]) == [3, 3, 3]
+    assert steep.select_tree([first, second, wrong]) == [0, 0, 0]
+    # the cut tree promises more than the best whole-draft set does
+    best_set = max(mild.tree_rate(s) for s in ([first], [first, second], [first, second, wrong]))
+    assert mild.tree_rate([first.cut(1), second]) > best_set

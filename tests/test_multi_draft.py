@@ -157,6 +157,25 @@ def test_multi_draft_policies_reproduce_plain_greedy_decoding(target, early_exit
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("policy", ["metasd-ucb-cost-mrated-warm", "metasd-ucb-cost-mtree-warm"])
+def test_rated_and_node_cut_trees_on_a_flat_cost_device_reproduce_plain_greedy_decoding(target, plain, policy, tmp_path):
+    import json
+
+    from deploy.cost_profile import CostProfile
+
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.05}}))
+    engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix", "hierarchy", NO_DRAFT]), policy=policy,
+                               device=CostProfile.load(path))
+    multi_rounds = 0
+    for index in (0, 2, 0):  # prompt 0 again: the suffix cache then drafts its whole answer
+        result = engine.generate(messages=CHAT_PROMPTS[index], sampling=GREEDY)
+        assert result.token_ids == plain[index].token_ids, f"prompt {index}"
+        multi_rounds += sum("+" in r.drafter for r in result.rounds)
+    assert multi_rounds > 0  # rounds really verified several drafts at once
+
+
+@pytest.mark.model
 def test_multi_draft_sampling_is_reproducible_from_the_seed(target, early_exit_drafter_model):
     def run(seed):
         drafters = build_drafters(["ngram", "hf"], early_exit_drafter_model, target.vocab_size)

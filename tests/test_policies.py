@@ -128,6 +128,8 @@ def test_policy_names_take_width_counterfactual_and_warm_suffixes_in_that_order(
     assert not parse_policy("metasd-ucb-cost-cf-warm", pool).pick_best and parse_policy("metasd-ucb-mauto-cf", pool).pick_best
     rated = parse_policy("metasd-ucb-cost-mrated", pool)
     assert (rated.counterfactual, rated.pick_best, rated.pick_set) == (True, True, True) and not best.pick_set
+    tree = parse_policy("metasd-ucb-cost-mtree-warm", pool)
+    assert (tree.width, tree.counterfactual, tree.pick_best, tree.pick_nodes) == (1, True, True, True) and not rated.pick_nodes
     for bad in ("metasd-ucb-m0", "metasd-ucb-warm-m2", "metasd-ucb-mmany", "metasd-ucb-cf-m2"):
         with pytest.raises(InvalidRequestError, match="policy"):
             parse_policy(bad, pool)

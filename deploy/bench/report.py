@@ -11,7 +11,7 @@ cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-pr
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
 re-timed with another device's verification costs (deploy/cost_profile.py). The summary
 compares the best multi-draft policy (several drafters draft each round: `-m<N>`, `-mall`,
-`-mauto`, `-mbest`, `-mrated`) with the best one-drafter policy or single drafter (with a 95%
+`-mauto`, `-mbest`, `-mrated`, `-mtree`) with the best one-drafter policy or single drafter (with a 95%
 interval),
 and each specialist (`single:retrieval-<task>`, `single:distill-<task>`) on its own task with the
 generic drafters and the other tasks' specialists: tokens per forward (acceptance) and drafting
