@@ -139,6 +139,6 @@ def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
     return PolicySpec(
         name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
         width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name in ("best", "rated", "tree"),
-        pick_best=width_name in ("auto", "best", "rated", "tree"), pick_set=width_name in ("rated", "tree"),
+        pick_best=width_name in ("auto", "best", "rated", "tree"), pick_set=width_name == "rated",
         pick_nodes=width_name == "tree",
     )

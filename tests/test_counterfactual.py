@@ -139,20 +139,29 @@ def test_a_counterfactual_round_without_the_pick_verifies_only_its_chosen_draft(
     assert all(f.counterfactual for f in scripted.feedback if f.drafter == "oracle")
 
 
-def test_a_pick_set_round_on_a_nearly_flat_cost_device_also_verifies_a_draft_that_may_succeed_where_the_best_fails(
-        target, tmp_path):
+def engine_with_three_drafts(target, tmp_path, chain: dict[str, float]):
+    """An engine deciding on a GPU-like device of these chain costs, and three drafts it has learned:
+    'ngram' and 'suffix' share their first token, always right, then are right half the time;
+    'retrieval' is never right."""
     import json
 
     from deploy.cost_profile import CostProfile
 
-    path = tmp_path / "gpu.json"  # 4 positions cost a plain step, 7 cost 1.05, 40 cost 1.3
-    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "4": 1.0, "7": 1.05, "40": 1.3}}))
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": chain}))
     engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix"]), device=CostProfile.load(path))
     first, second, wrong = Proposal("ngram", (1, 2, 3)), Proposal("suffix", (1, 5, 6)), Proposal("retrieval", (7, 8, 9))
-    for accepted in (1, 3) * 20:  # each: its first token always right, the rest half the time
+    for accepted in (1, 3) * 20:
         engine.draft_lengths.observe(first, accepted)
         engine.draft_lengths.observe(second, accepted)
         engine.draft_lengths.observe(wrong, 0)
+    return engine, first, second, wrong
+
+
+def test_a_pick_set_round_on_a_nearly_flat_cost_device_also_verifies_a_draft_that_may_succeed_where_the_best_fails(
+        target, tmp_path):
+    # 4 positions cost a plain step, 7 cost 1.05, 40 cost 1.3
+    engine, first, second, wrong = engine_with_three_drafts(target, tmp_path, {"1": 1.0, "4": 1.0, "7": 1.05, "40": 1.3})
     best_only = engine._pick(DraftRound((first,), (second, wrong), pick_best=True))
     assert best_only.proposals == (first,) and best_only.shadows == (second, wrong)
     widened = engine._pick(DraftRound((first,), (second, wrong), pick_best=True, pick_set=True))
@@ -161,20 +170,10 @@ def test_a_pick_set_round_on_a_nearly_flat_cost_device_also_verifies_a_draft_tha
 
 
 def test_a_pick_nodes_round_verifies_the_uncut_drafts_node_by_node_and_shadows_those_left_out(target, tmp_path):
-    import json
-
-    from deploy.cost_profile import CostProfile
-
-    path = tmp_path / "gpu.json"  # 6 positions cost 1.05 plain steps, 7 or more 1.3
-    path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "4": 1.0, "6": 1.05, "40": 1.3}}))
-    engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix"]), device=CostProfile.load(path))
-    first, second, wrong = Proposal("ngram", (1, 2, 3)), Proposal("suffix", (1, 5, 6)), Proposal("retrieval", (7, 8, 9))
-    for accepted in (1, 3) * 20:  # each: its first token always right, the rest half the time
-        engine.draft_lengths.observe(first, accepted)
-        engine.draft_lengths.observe(second, accepted)
-        engine.draft_lengths.observe(wrong, 0)
-    uncut = DraftRound((first,), (second, wrong), pick_best=True, pick_set=True, pick_nodes=True)
-    cut = DraftRound((first.cut(1),), (second.cut(1), wrong.cut(1)), pick_best=True, pick_set=True, pick_nodes=True)
+    # 6 positions cost 1.05 plain steps, 7 or more 1.3
+    engine, first, second, wrong = engine_with_three_drafts(target, tmp_path, {"1": 1.0, "4": 1.0, "6": 1.05, "40": 1.3})
+    uncut = DraftRound((first,), (second, wrong), pick_best=True, pick_nodes=True)
+    cut = DraftRound((first.cut(1),), (second.cut(1), wrong.cut(1)), pick_best=True, pick_nodes=True)
     picked = engine._pick(cut, uncut=uncut)
     # the tree of the whole drafts (5 nodes, 6 positions), not of their cuts; 'wrong' stays a shadow, as cut
     assert picked.proposals == (first, second) and picked.shadows == (wrong.cut(1),)
