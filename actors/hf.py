@@ -23,8 +23,8 @@ import torch
 from actors.kv_cache import common_prefix_length, crop_cache
 from actors.proposal import Proposal, SparseDist
 from actors.session import SessionStore
-from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams, warp_probs
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams, warp_probs
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from actors.proposal import Proposal, Proposer
 from actors.session import SessionStore
-from deploy.sampling import SamplingParams
+from actors.sampling import SamplingParams
 
 
 class HierarchyProposer:

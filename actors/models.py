@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from actors import cpu_linear
-from deploy.errors import InvalidRequestError
+from actors.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
 

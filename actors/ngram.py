@@ -16,8 +16,8 @@ import numpy as np
 
 from actors.proposal import Proposal
 from actors.session import SessionStore
-from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams
 
 
 def lookup_continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actors.proposal import Proposal
-from deploy.sampling import SamplingParams
+from actors.sampling import SamplingParams
 
 NO_DRAFT = "none"
 

@@ -21,7 +21,7 @@ from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
 from actors.specialists import built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
-from deploy.errors import InvalidRequestError
+from actors.errors import InvalidRequestError
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from deploy.sampling import SamplingParams
+from actors.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

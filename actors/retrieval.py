@@ -24,8 +24,8 @@ import numpy as np
 from actors.ngram import matched_lookup
 from actors.proposal import Proposal
 from actors.session import SessionStore
-from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams
 
 SEPARATOR = -1
 

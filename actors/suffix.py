@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from actors.proposal import Proposal
 from actors.session import SessionStore
-from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams
 
 
 class _Node:

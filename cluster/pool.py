@@ -16,12 +16,12 @@ actors and removes the placement groups.
 from __future__ import annotations
 
 from actors.models import model_vocab_size
-from actors.remote import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
+from cluster.drafter_actor import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
 from cluster.local import NAMESPACE
 from cluster.placement import cluster_gpus, in_bundle, release, reserve
 from cluster.resources import bundle, bundle_indices, drafter_gpus
 from deploy.config import DrafterConfig, ServiceConfig
-from policy.coordinator import COORDINATOR_NAME, start_coordinator_actor
+from cluster.coordinator_actor import COORDINATOR_NAME, start_coordinator_actor
 
 POOL_GROUP = "specfleet:pool"
 REPLICA_PREFIX = "SERVE_REPLICA::specfleet#SpecfleetServer#"  # Serve's actor names for the target's replicas
@@ -56,7 +56,7 @@ def start_pool(config: ServiceConfig) -> None:
                for s in specs}
     ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
     coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s,
-                                          request_ttl_s=config.request_ttl_s)
+                                          request_ttl_s=config.request_ttl_s, verify=config.verify)
     ray.get(coordinator.stats.remote())
 
 

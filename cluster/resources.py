@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actors.no_draft import NO_DRAFT
-from actors.remote import DrafterSpec
+from cluster.drafter_actor import DrafterSpec
 
 
 def bundle(spec: DrafterSpec) -> dict[str, float]:

@@ -1,1 +1,3 @@
-"""Verification math, the speculative engine loop, benchmark and CLI (Ray only in the service wrappers)."""
+"""The deployment: the CLI (`specfleet`), the service configuration, the benchmark, the specialists
+builder and the prompt sets on top; the speculative core in deploy/spec/ and the service in
+deploy/service/ below them (docs/design.md lays out the layers)."""

@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from deploy.errors import InvalidRequestError
+from actors.errors import InvalidRequestError
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def _drafter_names(args: argparse.Namespace) -> str:
 
 def _load(args: argparse.Namespace):
     from actors.models import load_causal_lm
-    from deploy.target import TargetModel
+    from deploy.spec.target import TargetModel
 
     target = TargetModel(load_causal_lm(args.model, dtype=args.dtype))
     draft_model = None
@@ -57,9 +57,9 @@ def _load(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters, parse_drafter_names
-    from deploy.engine import SpeculativeEngine
-    from deploy.sampling import SamplingParams
-    from policy.registry import parse_policy
+    from deploy.spec.engine import SpeculativeEngine
+    from actors.sampling import SamplingParams
+    from policy.registry import DEFAULT_VERIFY, parse_policy
 
     sampling = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -72,9 +72,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as err:
             raise InvalidRequestError("messages", f"not valid JSON: {err}") from err
     drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (_drafter_names(args), args.policy)
-    parse_policy(policy, parse_drafter_names(drafters))  # a bad name fails before the model loads
+    verify = DEFAULT_VERIFY if args.no_spec else args.verify
+    parse_policy(policy, parse_drafter_names(drafters), verify)  # a bad name fails before the model loads
     target, draft_model = _load(args)
-    engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k)
+    engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k,
+                               verify=verify)
     result = engine.generate(prompt=args.prompt, messages=messages, sampling=sampling)
     if args.json:
         print(json.dumps(result.to_dict(trace=args.trace)))
@@ -121,7 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from deploy.app import serve_forever
+    from deploy.service.app import serve_forever
 
     serve_forever(args.config, host=args.host, port=args.port, grpc_port=args.grpc_port, pool=args.pool)
     return 0
@@ -130,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
-    from deploy.target import TargetModel
+    from deploy.spec.target import TargetModel
 
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
     out = Path(args.out)
@@ -145,7 +147,7 @@ def cmd_specialists(args: argparse.Namespace) -> int:
     from actors.specialists import specialists_root
     from deploy.specialists.build import build_specialists
     from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
-    from deploy.target import TargetModel
+    from deploy.spec.target import TargetModel
 
     tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
     for task in tasks:
@@ -174,8 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_drafters(args: argparse.Namespace) -> int:
-    from deploy.admin_client import AdminClient, AdminError
-    from deploy.auth import admin_tokens
+    from deploy.service.admin_client import AdminClient, AdminError
+    from deploy.service.auth import admin_tokens
 
     tokens = admin_tokens()
     client = AdminClient(args.url, tokens[0] if tokens else None)
@@ -208,7 +210,7 @@ def cmd_drafters(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
-    from policy.registry import DEFAULT_POLICY
+    from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, VERIFY_MODES
 
     parser = argparse.ArgumentParser(prog="specfleet", description="Multi-drafter speculative decoding (MetaSD).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="raw completion prompt")
     source.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     _model_args(gen)
-    gen.add_argument("--policy", default=DEFAULT_POLICY)
+    gen.add_argument("--policy", default=DEFAULT_POLICY, help="the bandit and its reward, e.g. metasd-ucb-cost, metasd-ucb-warm, fixed:ngram")
+    gen.add_argument("--verify", default=DEFAULT_VERIFY, choices=VERIFY_MODES,
+                     help="how a round's drafts are verified: the chosen draft (chosen), it with model-free shadows "
+                          "scored against the output (counterfactual), or the node-cut tree of every draft (tree)")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -234,14 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(bench)
     bench.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL: {id, task, messages|prompt}")
     bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list: ar, peer:<name>, single:<drafter>, policy:<name>, serve:<policy>; globs allowed (peer:*, single:*)")
+    bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list: ar, peer:<name>, single:<drafter>, policy:<policy>[@<verify>], serve:<policy>[@<verify>]; "
+                            "globs allowed (peer:*, single:*); e.g. policy:metasd-ucb-cost-warm@tree")
     bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     bench.add_argument("--cost-profile", default=None,
                        help="run in-process engines as on a device with this verification cost profile (its costs "
                             "decide cuts, budgets and rewards) and also report their speed re-timed with it "
-                            "(python -m deploy.bench.verify_cost --out FILE; shipped: deploy/bench/results/h200.verify_cost.json)")
+                            "(python -m deploy.bench.verify_cost --out FILE; shipped: docs/results/h200.verify_cost.json)")
     bench.add_argument("--concurrency", default="1",
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,
@@ -257,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--grpc-port", type=int, default=9000,
-                     help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/proto/specfleet.proto)")
+                     help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/service/proto/specfleet.proto)")
     _pool_arg(srv)
     srv.set_defaults(func=cmd_serve)
 

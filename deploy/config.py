@@ -2,7 +2,7 @@
 
 Errors name the field (pydantic's location, e.g. `drafters.1.kind`). Drafter kinds and policy
 names are checked against the same tables the engine uses. API keys never sit here: the config
-may only name a key file (`api_key_file`, see deploy/auth.py); `api_keys` is refused without
+may only name a key file (`api_key_file`, see deploy/service/auth.py); `api_keys` is refused without
 echoing its value.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from actors.models import DEFAULT_MODEL, DTYPES
 from actors.pool import DRAFTER_KINDS, is_drafter_kind
-from policy.registry import DEFAULT_POLICY, parse_policy
+from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy
 
 
 def _one_of(value: str, allowed: list[str]) -> str:
@@ -84,7 +84,8 @@ class ServiceConfig(BaseModel):
     placement: PlacementConfig = PlacementConfig()
     draft_timeout_s: float = Field(default=5.0, gt=0)  # a drafter answering later costs the round its draft; it is marked down
     request_ttl_s: float = Field(default=60.0, gt=0)  # a request without a round for this long is over (its replica died)
-    policy: str = DEFAULT_POLICY
+    policy: str = DEFAULT_POLICY  # the bandit and its reward (policy/registry.py)
+    verify: str = DEFAULT_VERIFY  # how a round's drafts are verified: chosen | counterfactual | tree
     k: int = Field(default=7, ge=1, le=32)
     max_padding: int = Field(default=4, ge=0, le=16)
     served_model_name: str | None = None
@@ -114,7 +115,7 @@ class ServiceConfig(BaseModel):
         names = [d.name for d in self.drafters]
         if len(set(names)) != len(names):
             raise ValueError(f"drafter names must be unique, got {names}")
-        parse_policy(self.policy, names)  # raises InvalidRequestError naming `policy`
+        parse_policy(self.policy, names, self.verify)  # raises InvalidRequestError naming `policy` or `verify`
         return self
 
     @property

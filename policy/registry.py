@@ -1,4 +1,6 @@
 """Policy names users see, mapped to (bandit class, config, reward kind); the only such table.
+A policy is the bandit and its reward; how a round's drafts are verified is a setting of its own
+(`VERIFY_MODES`, below).
 
     metasd-ucb        UCB + BD reward (the paper's default)
     metasd-ucb-be     UCB + BE reward
@@ -6,33 +8,25 @@
     exp3, thompson, sh, sw-ucb, random   (BD reward)
     fixed:<drafter>   always that drafter
 
-Suffixes, in this order, each optional:  <base>[-m<N>|-mall|-mauto|-mbest|-mrated|-mtree][-cf][-warm]
+    <base>-warm       warm-start each request's bandit from earlier requests' statistics
+                      (PRIOR_WEIGHT pseudo-pulls per arm; when model-free drafters are scored
+                      for free, PRIOR_WEIGHT_PULLED for the arms the request sees only by
+                      pulling them: the costly model drafters)
 
-    -m<N>, -mall  draft with the top N (or all) drafting arms by the policy's index each round,
-                  verified together as one token tree (the paper uses one; default -m1)
-    -mauto        choose N each round: a UCB over N = 1..AUTO_MAX_WIDTH on the round's cost reward
-                  (accepted tokens per second of drafting + verification, shared across requests);
-                  a round of width 1 verifies as -mbest does
-    -mbest        the chosen arm and every model-free drafter draft each round; the engine verifies
-                  the one draft (or plain step) that promises the most tokens per second by its
-                  drafter's learned acceptance (deploy/engine.py); the others are scored as -cf
-                  shadows. Several drafters draft, one draft is verified. Implies -cf.
-    -mrated       as -mbest, then the round's other drafts, best rated first, join the verified
-                  tree while the tree promises more tokens per second (its expected yield over its
-                  forward's cost; deploy/draft_length.py `tree_rate`). Implies -cf.
-    -mtree        as -mbest, then the tree of all the round's drafts is cut node by node: of each
-                  size, its nodes most likely accepted, at the size that promises the most tokens
-                  per second (deploy/draft_length.py `select_tree`). Implies -cf.
-    -cf           counterfactual feedback: model-free drafters not chosen also draft each round
-                  (no target cost) and learn from how far their draft matches the output; only
-                  the chosen arm's draft is verified (a one-drafter policy)
-    -warm         warm-start each request's bandit from earlier requests' statistics
-                  (PRIOR_WEIGHT pseudo-pulls per arm; with -cf, PRIOR_WEIGHT_PULLED for the arms
-                  the request sees only by pulling them: the costly model drafters)
+Verification (`verify`; config field, CLI `--verify`, bench `policy:<policy>@<verify>`):
+
+    chosen          only the bandit's chosen drafter drafts; its draft is verified (the paper)
+    counterfactual  the chosen draft is verified; every model-free drafter not chosen drafts too
+                    as a shadow, scored against the output (never verified), and the bandit
+                    learns from all of them (full information for the free arms)
+    tree            the chosen drafter and every model-free drafter draft; the token tree of all
+                    the drafts, the best rated first, is cut node by node (of each size the nodes
+                    most likely accepted, at the size with the most expected tokens per second,
+                    deploy/spec/draft_length.py `select_tree`) and verified in one forward; drafts
+                    left out are scored as shadows
 
 Each request's bandit starts empty, as in the paper; `-warm` warm-starts it from the
-statistics of earlier requests instead. Measured on the shipped mix (README), cold was as fast or
-faster in all three side-by-side comparisons on the default pool, so cold is the default there.
+statistics of earlier requests instead (measured: docs/experiments.md).
 UCB on the cost reward uses beta COST_BETA: that reward lies in [0, ~0.4] on real rounds (it
 divides by the (k + 1)-token ideal), so the paper's 0.5 for [0, 1] rewards explored costly arms
 for most of a request. BD and BE cannot score the no-draft arm (it drafts nothing), so those
@@ -48,7 +42,7 @@ from functools import partial
 import numpy as np
 
 from actors.no_draft import NO_DRAFT
-from deploy.errors import InvalidRequestError
+from actors.errors import InvalidRequestError
 from policy.bandit import ArmStats, Bandit
 from policy.exp3 import EXP3
 from policy.fixed import FixedArm
@@ -60,12 +54,13 @@ from policy.thompson import Thompson
 from policy.ucb import UCB, UCBConfig
 
 DEFAULT_POLICY = "metasd-ucb-cost"
-PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: see README)
-PRIOR_WEIGHT_PULLED = 32.0  # ... with -cf, each arm not observed for free (measured: see README)
-COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: see README)
-AUTO_MAX_WIDTH = 4  # -mauto chooses among 1..this many drafters a round
-ALL = 0  # width: every drafting arm
-_SUFFIXES = re.compile(r"^(?P<base>.+?)(?:-m(?P<width>[1-9][0-9]*|all|auto|best|rated|tree))?(?P<cf>-cf)?(?P<warm>-warm)?$")
+PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: docs/experiments.md)
+PRIOR_WEIGHT_PULLED = 32.0  # ... with shadows, each arm not observed for free (measured: docs/experiments.md)
+COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: docs/experiments.md)
+CHOSEN, COUNTERFACTUAL, TREE = "chosen", "counterfactual", "tree"
+VERIFY_MODES = (CHOSEN, COUNTERFACTUAL, TREE)
+DEFAULT_VERIFY = CHOSEN
+_RETIRED = re.compile(r"-(m[1-9][0-9]*|mall|mauto|mbest|mrated|mtree|cf)(?=-warm$|$)")
 
 _POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -83,62 +78,65 @@ POLICY_NAMES = BASE_POLICY_NAMES + ("fixed:<drafter>",)
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A parsed policy name: `make(prior, rng)` builds one request's bandit over `arms`."""
+    """A parsed policy name and verification mode: `make(prior, rng)` builds one request's bandit
+    over `arms`."""
 
     name: str
     reward: str
     arms: tuple[str, ...]
     warm_start: bool
     factory: Callable[..., Bandit]
-    width: int = 1  # drafters a round; ALL = every arm
-    auto_width: bool = False  # width chosen each round (up to AUTO_MAX_WIDTH)
-    counterfactual: bool = False
-    pick_best: bool = False  # of the chosen draft and the shadows, verify the best-rated one (-mbest)
-    pick_set: bool = False  # ... and add the others while their tree promises more (-mrated)
-    pick_nodes: bool = False  # ... or cut the tree of all of them node by node (-mtree)
+    verify: str = DEFAULT_VERIFY
+
+    @property
+    def shadows(self) -> bool:
+        """Whether the model-free drafters not chosen draft too (scored as shadows)."""
+        return self.verify != CHOSEN
 
     def make(self, prior: Mapping[str, ArmStats] | None, rng: np.random.Generator,
              observed_free: Collection[str] = ()) -> Bandit:
-        """`observed_free`: the arms a -cf policy scores every round without pulling them."""
+        """`observed_free`: the arms scored every round without pulling them (with shadows)."""
         if not self.warm_start:
             return self.factory(list(self.arms), rng, None, 0.0)
-        weights = {arm: PRIOR_WEIGHT if not self.counterfactual or arm in observed_free else PRIOR_WEIGHT_PULLED
+        weights = {arm: PRIOR_WEIGHT if not self.shadows or arm in observed_free else PRIOR_WEIGHT_PULLED
                    for arm in self.arms}
         return self.factory(list(self.arms), rng, prior, weights)
 
 
-def drafts_with_several(name: str) -> bool:
-    """Whether a policy name has several drafters draft each round (-m<N> with N > 1, -mall,
-    -mauto, -mbest, -mrated, -mtree); no pool needed (the bench classifies its runs by it)."""
-    parts = _SUFFIXES.match(name)
-    return parts is not None and not name.startswith("fixed:") and parts["width"] not in (None, "1")
+def parse_verify(verify: str) -> str:
+    """Validate a verification mode; errors name the `verify` field."""
+    if verify not in VERIFY_MODES:
+        raise InvalidRequestError("verify", f"unknown verification mode {verify!r}; known: {list(VERIFY_MODES)}")
+    return verify
 
 
-def parse_policy(name: str, drafters: Sequence[str]) -> PolicySpec:
+def parse_policy(name: str, drafters: Sequence[str], verify: str = DEFAULT_VERIFY) -> PolicySpec:
     """Validate a policy name against the drafter pool; errors name the `policy` field."""
+    verify = parse_verify(verify)
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("policy", "must be a non-empty string")
     if name.startswith("fixed:"):
         arm = name.removeprefix("fixed:")
         if arm not in drafters:
             raise InvalidRequestError("policy", f"fixed drafter {arm!r} is not in the pool {list(drafters)}")
-        return PolicySpec(name, BD, (arm,), False, lambda arms, rng, prior, w: FixedArm(arms, rng, arm=arm))
-    parts = _SUFFIXES.match(name)
-    base = parts["base"]
-    if base not in _POLICIES:
+        return PolicySpec(name, BD, (arm,), False, lambda arms, rng, prior, w: FixedArm(arms, rng, arm=arm), verify)
+    retired = _RETIRED.search(name)
+    if retired:
         raise InvalidRequestError(
-            "policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffixes -m<N>|-mall|-mauto|-mbest|-mrated|-mtree, -cf, -warm)"
-        )
+            "policy", f"the suffix -{retired[1]} of {name!r} is retired: a policy is the bandit and its reward "
+                      f"(-warm optional); how drafts are verified is the `verify` setting, one of {list(VERIFY_MODES)}")
+    warm = name.endswith("-warm")
+    base = name.removesuffix("-warm")
+    if base not in _POLICIES:
+        raise InvalidRequestError("policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffix -warm)")
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
-    width_name = parts["width"] or "1"
-    named = {"all": ALL, "auto": 1, "best": 1, "rated": 1, "tree": 1}
-    width = named[width_name] if width_name in named else int(width_name)
-    return PolicySpec(
-        name, reward, arms, bool(parts["warm"]), lambda arms, rng, prior, w: cls(arms, rng, prior, w),
-        width=width, auto_width=width_name == "auto", counterfactual=bool(parts["cf"]) or width_name in ("best", "rated", "tree"),
-        pick_best=width_name in ("auto", "best", "rated", "tree"), pick_set=width_name == "rated",
-        pick_nodes=width_name == "tree",
-    )
+    return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w), verify)
+
+
+def split_run_policy(label: str) -> tuple[str, str]:
+    """A bench run's `<policy>[@<verify>]` -> (policy, verify)."""
+    policy, _, verify = label.partition("@")
+    return policy, verify or DEFAULT_VERIFY

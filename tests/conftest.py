@@ -20,7 +20,7 @@ CHAT_PROMPTS = [
 @pytest.fixture(scope="session")
 def target():
     from actors.models import load_causal_lm
-    from deploy.target import TargetModel
+    from deploy.spec.target import TargetModel
 
     torch.manual_seed(0)
     return TargetModel(load_causal_lm("smollm2-135m"))
@@ -53,8 +53,8 @@ def plain_text(target, messages: list[dict], max_tokens: int) -> str:
     """What plain greedy target decoding (no drafts) answers: the reference every path must equal."""
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters
-    from deploy.engine import SpeculativeEngine
-    from deploy.sampling import SamplingParams
+    from deploy.spec.engine import SpeculativeEngine
+    from actors.sampling import SamplingParams
 
     engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
     return engine.generate(messages=messages, sampling=SamplingParams(max_tokens=max_tokens)).text
@@ -95,13 +95,13 @@ class LocalService:
 def service(tmp_path_factory):
     """The Ray service (drafter actors, coordinator actor, Serve app `specfleet`) with HTTP and
     gRPC, its API key read from a key file named in the config, its admin token from the environment. Started once (Ray + Serve cost
-    ~40-60 s on 2 cores); tests/test_service*.py share it."""
-    from deploy.app import start_local_service, stop_local_service
+    ~40-60 s on 2 cores); tests/service/test_service*.py share it."""
+    from deploy.service.app import start_local_service, stop_local_service
 
     api_key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     key_file = tmp_path_factory.mktemp("keys") / "api_keys"
     key_file.write_text(f"# specfleet test key\n{api_key}\n")
-    args = {"policy": "metasd-ucb-cost-m2-cf", "k": 7, "api_key_file": str(key_file), "draft_timeout_s": 2.0, "request_ttl_s": 15.0,
+    args = {"policy": "metasd-ucb-cost", "verify": "tree", "k": 7, "api_key_file": str(key_file), "draft_timeout_s": 2.0, "request_ttl_s": 15.0,
             "drafters": [{"name": n, "kind": n} for n in ("ngram", "suffix", "hierarchy", "none")]}
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment

@@ -2,7 +2,7 @@
 
 runs.py orchestrates (run names, interleaving, the concurrency sweep); prompts.py reads prompt
 files; peers.py runs Hugging Face transformers' decoding; service.py drives the HTTP service;
-report.py builds the JSON rows (DESIGN.md §7), the oracle, the summary and the Markdown table;
+report.py builds the JSON rows (docs/design.md), the oracle, the summary and the Markdown table;
 charts.py draws the PNGs.
 """
 from deploy.bench.prompts import MIXED_PROMPTS, TASK_SWITCH_PROMPTS, BenchPrompt, load_prompts

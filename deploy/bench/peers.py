@@ -15,8 +15,8 @@ import torch
 
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
-from deploy.errors import InvalidRequestError
-from deploy.target import TargetModel
+from actors.errors import InvalidRequestError
+from deploy.spec.target import TargetModel
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant")
 PROMPT_LOOKUP_NUM_TOKENS = 10

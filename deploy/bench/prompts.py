@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.errors import InvalidRequestError
+from actors.errors import InvalidRequestError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 MIXED_PROMPTS = PROMPTS_DIR / "mixed.jsonl"  # 7 tasks x 5 prompts

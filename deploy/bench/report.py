@@ -1,4 +1,4 @@
-"""Bench report: samples -> the JSON rows of DESIGN.md §7, the `oracle` row, a summary, Markdown.
+"""Bench report: samples -> the JSON rows of docs/design.md, the `oracle` row, a summary, Markdown.
 
 Every row has `tokens, seconds, tokens_per_s, speedup_vs_ar, lossless, mean_accepted_length,
 per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A row run at
@@ -9,9 +9,9 @@ is throughput (tokens over wall time), its per-task figures are per-request spee
 summary's `uncertainty` is computed (95% bootstrap intervals of the best policy's ratios, a
 cross-validated oracle: deploy/bench/uncertainty.py). With a cost profile, in-process rows
 add `profiled: {tokens_per_s, speedup_vs_ar, per_task: {task: speedup_vs_ar}}`: the same rounds
-re-timed with another device's verification costs (deploy/cost_profile.py). The summary
-compares the best multi-draft policy (several drafters draft each round: `-m<N>`, `-mall`,
-`-mauto`, `-mbest`, `-mrated`, `-mtree`) with the best one-drafter policy or single drafter (with a 95%
+re-timed with another device's verification costs (deploy/bench/cost_profile.py). The summary
+compares the best multi-draft run (several drafters' drafts verified as one tree each round:
+`policy:<policy>@tree`) with the best one-drafter policy or single drafter (with a 95%
 interval),
 and each specialist (`single:retrieval-<task>`, `single:distill-<task>`) on its own task with the
 generic drafters and the other tasks' specialists: tokens per forward (acceptance) and drafting
@@ -27,14 +27,15 @@ import numpy as np
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_interval
-from policy.registry import drafts_with_several
+from policy.registry import TREE, split_run_policy
 
 Samples = list[tuple[BenchPrompt, Sample]]
 SPECIALIST = re.compile(r"^single:(?:retrieval|distill)-([a-z0-9_]+)$")
 
 
 def is_multi_draft(run: str) -> bool:
-    return run.startswith("policy:") and drafts_with_several(run.removeprefix("policy:"))
+    """A run that verifies several drafters' drafts a round (`policy:<policy>@tree`)."""
+    return run.startswith("policy:") and split_run_policy(run.removeprefix("policy:"))[1] == TREE
 
 
 def _profiled_tps(samples: Samples) -> float:
@@ -75,7 +76,7 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
         if is_ar:
             row["per_task"][task]["mean_accepted_length"] = None
     if is_ar:
-        row["mean_accepted_length"] = None  # DESIGN.md §7: the baseline drafts nothing
+        row["mean_accepted_length"] = None  # docs/design.md: the baseline drafts nothing
     pulls: dict[str, int] = {}
     for _, x in samples:
         for drafter, stats in x.per_drafter.items():

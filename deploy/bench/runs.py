@@ -1,8 +1,8 @@
 """`specfleet bench`: every run side by side on the same prompts, model and machine, in one process.
 
-Runs (DESIGN.md §7): `ar` (plain target decoding, always first: the baseline), `peer:<name>`
+Runs (docs/design.md): `ar` (plain target decoding, always first: the baseline), `peer:<name>`
 (Hugging Face transformers' own decoding, deploy/bench/peers.py), `single:<drafter>`,
-`policy:<name>`, `serve:<name>` (the same policy through the HTTP service; at most one per
+`policy:<name>[@<verify>]`, `serve:<name>[@<verify>]` (the same policy through the HTTP service; at most one per
 bench) and the computed `oracle` (per task, the best measured single drafter). Prompts are
 interleaved: for each prompt every run generates in turn, so machine noise hits all runs alike;
 each run keeps its own fresh drafter pool (suffix caches learn only from that run's earlier
@@ -20,12 +20,13 @@ from deploy.bench.peers import HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
-from deploy.cost_profile import CostProfile
-from deploy.engine import SpeculativeEngine
-from deploy.errors import InvalidRequestError
-from deploy.sampling import SamplingParams
-from deploy.target import TargetModel
-from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, parse_policy
+from deploy.bench.cost_profile import CostProfile
+from deploy.bench.device_costs import DeviceCosts
+from deploy.spec.engine import MAX_PADDING, SpeculativeEngine
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams
+from deploy.spec.target import TargetModel
+from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
 
 DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY},policy:metasd-ucb,policy:thompson"
 MAX_CONCURRENCY = 64
@@ -49,7 +50,8 @@ def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draf
                 raise InvalidRequestError("runs", f"{run!r}: known peers here are {available_peers(has_draft_model)}"
                                                   " (hf-assistant needs --draft-model)")
             if kind in ("policy", "serve"):
-                parse_policy(name, drafters)
+                policy, verify = split_run_policy(name)
+                parse_policy(policy, drafters, verify)
             elif run != "ar" and kind not in ("single", "peer"):
                 raise InvalidRequestError(
                     "runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, policy:<name>, serve:<name>")
@@ -76,16 +78,20 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
 def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None,
                 cut_drafts: bool = True, device: CostProfile | None = None) -> SpeculativeEngine:
     """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k.
-    device: the engine decides as on that device (`--cost-profile`; deploy/engine.py)."""
-    vocab = target.vocab_size
+    device: the engine decides as on that device (`--cost-profile`; deploy/bench/device_costs.py)."""
     if run == "ar":
         return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
-        return SpeculativeEngine(target, build_drafters([name], draft_model, vocab), policy=f"fixed:{name}", k=k,
-                                 cut_drafts=cut_drafts, device=device)
-    return SpeculativeEngine(target, build_drafters(drafters, draft_model, vocab), policy=run.removeprefix("policy:"), k=k,
-                             cut_drafts=cut_drafts, device=device)
+        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size), f"fixed:{name}", DEFAULT_VERIFY
+    else:
+        pool = build_drafters(drafters, draft_model, target.vocab_size)
+        policy, verify = split_run_policy(run.removeprefix("policy:"))
+    costs = None
+    if device is not None:
+        model_free = [name for name, drafter in pool.items() if getattr(drafter, "model_free", False) is True]
+        costs = DeviceCosts(device, target, k + 1 + MAX_PADDING, model_free)
+    return SpeculativeEngine(target, pool, policy=policy, k=k, cut_drafts=cut_drafts, verify=verify, costs=costs)
 
 
 def run_bench(
@@ -121,8 +127,8 @@ def run_bench(
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
             engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
-            if run != "ar":  # ar runs without the profile
-                draft_scale = engine.draft_scale
+            if profile is not None and run != "ar":  # ar runs without the profile
+                draft_scale = engine.costs.draft_scale
             generators[run] = _engine_generator(engine, profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     sweeps = [c for c in levels if c > 1] if serve_run else []

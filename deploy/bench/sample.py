@@ -3,14 +3,14 @@
 `seconds` is the request's latency as its caller saw it (in-process: the engine call; service:
 the HTTP round trip). `trace` lists (drafter, drafted, accepted) per round where the run can see
 its rounds (in-process engine runs); peers and service runs leave it empty. `profiled_s` is the
-same request re-timed with a device's cost profile (deploy/cost_profile.py), where given.
+same request re-timed with a device's cost profile (deploy/bench/cost_profile.py), where given.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deploy.cost_profile import CostProfile
-from deploy.engine import GenerationResult
+from deploy.bench.cost_profile import CostProfile
+from deploy.spec.engine import GenerationResult
 
 
 @dataclass(frozen=True)

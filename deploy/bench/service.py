@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from policy.registry import split_run_policy
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 
@@ -29,7 +30,7 @@ def _free_port() -> int:
 
 def _configured_key() -> str | None:
     """The first key of SPECFLEET_API_KEYS, if set: a service started here then requires it."""
-    from deploy.auth import env_keys
+    from deploy.service.auth import env_keys
 
     return next(iter(env_keys()), None)
 
@@ -43,8 +44,10 @@ class ServiceRun:
         self.model, self.api_key, self.args = model, api_key, args
 
     @classmethod
-    def start(cls, policy: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
-        args = {"target": {"model": model}, "policy": policy, "k": k,
+    def start(cls, label: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
+        """label: the run's `<policy>[@<verify>]`."""
+        policy, verify = split_run_policy(label)
+        args = {"target": {"model": model}, "policy": policy, "verify": verify, "k": k,
                 "drafters": [{"name": d, "kind": d} for d in drafters]}
         run = cls(None, model, _configured_key(), args)
         run.restart()
@@ -52,7 +55,7 @@ class ServiceRun:
 
     def restart(self) -> None:
         """A fresh service (new drafter actors: empty suffix caches, no bandit statistics)."""
-        from deploy.app import start_local_service
+        from deploy.service.app import start_local_service
 
         if self.args is None:
             raise RuntimeError("an attached service cannot be restarted from here")
@@ -93,7 +96,7 @@ class ServiceRun:
     def stop(self) -> None:
         """Stop a service this run started (an attached one keeps serving)."""
         if self.url is not None and self.args is not None:
-            from deploy.app import stop_local_service
+            from deploy.service.app import stop_local_service
 
             stop_local_service(self.args)
             self.url = None

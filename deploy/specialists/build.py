@@ -21,7 +21,7 @@ from actors.specialists import DATASTORE_FILE, DISTILL_DIR, MANIFEST_FILE, speci
 from deploy.bench.prompts import load_prompts
 from deploy.specialists.corpus import Example, load_examples, python_sources, save_examples, target_outputs
 from deploy.specialists.distill import distill
-from deploy.target import TargetModel
+from deploy.spec.target import TargetModel
 
 TRAIN_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "train"
 CORPUS_FILE = "corpus.jsonl"

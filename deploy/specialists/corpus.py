@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deploy.target import TargetModel
+from deploy.spec.target import TargetModel
 
 
 @dataclass(frozen=True)

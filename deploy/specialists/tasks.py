@@ -2,7 +2,7 @@
 
 `training_prompts(task, n, seed)` returns n distinct chat prompts for `code`, `math`,
 `translation`, `chat` or `qa`, drawn from templates and fillers written here (seeded, so a build
-is reproducible). They share the bench tasks' style but never their text (tests/test_specialists.py
+is reproducible). They share the bench tasks' style but never their text (tests/specialists/test_specialists.py
 checks that no training prompt equals a prompt of deploy/prompts/*.jsonl), and the chat and qa
 fillers leave out the mixed set's chat and qa subjects (no ocean poem, no capital of Australia).
 `python -m deploy.specialists.tasks` writes them to deploy/prompts/train/<task>.jsonl (the
@@ -214,7 +214,7 @@ _GENERATORS: dict[str, Callable[[random.Random], str]] = {
 def training_prompts(task: str, n: int, seed: int = 0) -> list[list[dict[str, str]]]:
     """n distinct chat prompts ([{"role": "user", "content": ...}]) for the task."""
     if task not in _GENERATORS:
-        from deploy.errors import InvalidRequestError
+        from actors.errors import InvalidRequestError
 
         raise InvalidRequestError("task", f"unknown specialist task {task!r}; known: {list(SPECIALIST_TASKS)}")
     rng = random.Random(f"{task}:{seed}")

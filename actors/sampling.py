@@ -1,0 +1,70 @@
+"""Sampling parameters and the ONE function that turns logits into the distribution sampled from.
+
+`warp_probs` applies temperature, top-k and top-p (in that order, as HF and vLLM do) and is used
+for both the target's p and every drafter's q, which is what keeps speculative sampling lossless.
+`SamplingParams` validates itself on construction and raises `InvalidRequestError` naming the field.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from actors.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters. temperature == 0 means greedy."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise InvalidRequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be a number >= 0, got {self.temperature!r}")
+        if math.isinf(self.temperature):
+            raise InvalidRequestError("temperature", "must be finite")
+        if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequestError("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidRequestError("stop", "must be non-empty strings")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Probabilities to sample from. logits: [..., V] -> probs: [..., V] (float32, rows sum to 1).
+
+    Greedy requests use temperature 1 here (the distributions the BD reward compares).
+    """
+    logits = logits.float()
+    if sampling.temperature > 0:
+        logits = logits / sampling.temperature
+    vocab = logits.shape[-1]
+    if 0 < sampling.top_k < vocab:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= sampling.top_p  # never drops the top token (mass_before = 0)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)

@@ -1,0 +1,81 @@
+"""Drafter actors: any drafter kind behind a named Ray actor `specfleet:drafter:<name>`.
+
+`DrafterActor` is a plain class that builds its Proposer inside the actor process (a model
+drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
+`propose` / `release` with per-request sessions, and `placement` (its node, Ray's GPU ids and the
+torch device it drafts on: the CPU when CUDA is absent, even on a GPU Ray assigned).
+`start_drafter_actor` applies `ray.remote` at build time with the spec's resources (inside a
+placement-group bundle when given one); the coordinator actor awaits its calls.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from actors.proposal import Proposal
+from actors.sampling import SamplingParams
+
+DRAFTER_PREFIX = "specfleet:drafter:"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str
+    kind: str
+    model: str | None = None  # draft model for `hf` (and the hierarchy's last resort)
+    num_layers: int | None = None
+    dtype: str = "float32"
+    num_gpus: float = 0.0
+    num_cpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources
+
+
+class DrafterActor:
+    def __init__(self, spec: DrafterSpec, target_vocab_size: int) -> None:
+        from actors.models import load_causal_lm
+        from actors.pool import build_drafters
+
+        draft_model = None
+        if spec.model is not None:
+            draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
+        self.spec = spec
+        self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size)[spec.kind]
+
+    def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
+        return self.proposer.propose(session, context_delta, k, sampling)
+
+    def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
+        self.proposer.release(session, context_delta)
+
+    def model_free(self) -> bool:
+        return getattr(self.proposer, "model_free", False) is True
+
+    def placement(self) -> dict:
+        from cluster.placement import here
+
+        parts = [self.proposer, *getattr(self.proposer, "sources", ())]  # a hierarchy's model source
+        devices = [str(p.device) for p in parts if getattr(p, "device", None) is not None]
+        return {"kind": self.spec.kind, "model": self.spec.model} | here() | {"device": devices[0] if devices else "cpu"}
+
+    def rss_bytes(self) -> int:
+        """This actor process's resident memory (for leak checks)."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def open_sessions(self) -> int:
+        sessions = getattr(self.proposer, "sessions", None)
+        return len(sessions) if sessions is not None else 0
+
+
+def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int, scheduling_strategy=None):
+    import ray
+
+    from cluster.local import NAMESPACE
+
+    actor = ray.remote(DrafterActor).options(
+        name=DRAFTER_PREFIX + spec.name, namespace=NAMESPACE, num_gpus=spec.num_gpus, num_cpus=spec.num_cpus,
+        resources=dict(spec.resources), max_restarts=-1, max_task_retries=0, lifetime="detached",
+        scheduling_strategy=scheduling_strategy,
+    )
+    return actor.remote(spec, target_vocab_size)

@@ -1,0 +1,139 @@
+"""The service's ingress: a thin front deployment that carries every request to a target replica
+over a Serve handle, so a replica that dies mid-request becomes a clean error, never a hang.
+
+HTTP: every route is forwarded as it came (method, path, query, headers, body) to the target
+replica's `http`, which runs the FastAPI app of deploy/service/server.py in its process
+(deploy/service/asgi_bridge.py) and streams the answer back; the front relays the status, the headers and
+each body chunk as they come (SSE streams stay streams). Bodies whose Content-Length is over
+`max_request_bytes` are refused here (413) before they are read. When the replica fails (it died,
+was restarted by Serve, or is unavailable), a request still waiting for its answer gets 503 with
+an OpenAI-style JSON error; a stream already under way ends with an SSE error event (the same
+body) and `data: [DONE]`. An exception inside the replica's code is a 500 JSON error.
+
+gRPC (Serve's gRPC proxy calls the ingress's methods by RPC name): `Generate` and
+`GenerateStream` are forwarded to the replica's `grpc`, which runs the same methods with a
+context that records the status; the front sets that status on the caller's context. A failed
+replica is UNAVAILABLE.
+
+Plain classes and FastAPI routes: deploy/service/app.py applies `serve.ingress` / `serve.deployment`.
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from deploy.service.openai_api import error_body, sse_event, too_large_body
+
+front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
+
+
+def _failure(err: BaseException) -> tuple[int, dict]:
+    """The status and OpenAI-style body for a request its replica could not answer."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(err, RayTaskError):  # the replica's own code raised
+        return 500, error_body("the target replica failed to handle the request", None, 500, "internal_error")
+    return 503, error_body("the target replica is unavailable (it failed or is restarting); retry the request",
+                           None, 503, "service_unavailable_error")
+
+
+class SpecfleetFront:
+    def __init__(self, target, max_request_bytes: int, model_name: str) -> None:
+        self.target = target.options(stream=True)  # a DeploymentHandle to the target deployment
+        self.max_request_bytes = max_request_bytes
+        self.model_name = model_name
+        _front.instance = self  # one front replica per process: the route below serves this instance
+
+    async def forward(self, request: Request) -> Response:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_request_bytes:  # refused before reading
+            return JSONResponse(too_large_body(self.max_request_bytes), status_code=413)
+        body = await request.body()
+        answer = self.target.http.remote(request.method, request.url.path, request.url.query.encode("latin-1"),
+                                         list(request.headers.items()), body)
+        try:
+            status, headers = await answer.__anext__()
+        except Exception as err:  # noqa: BLE001 - the replica never answered
+            code, error = _failure(err)
+            return JSONResponse(error, status_code=code)
+        kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
+        if kept.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(self._relay(answer), status_code=status, headers=kept)
+        try:
+            content = b"".join([chunk async for chunk in answer])
+        except Exception as err:  # noqa: BLE001 - the replica failed before the body was complete
+            code, error = _failure(err)
+            return JSONResponse(error, status_code=code)
+        return Response(content, status_code=status, headers=kept)
+
+    @staticmethod
+    async def _relay(answer):
+        try:
+            async for chunk in answer:
+                yield chunk
+        except Exception as err:  # noqa: BLE001 - mid-stream: an error event, then the end
+            _, error = _failure(err)
+            yield (sse_event(error) + sse_event("[DONE]")).encode()
+
+    # ---- gRPC: specfleet.v1.Specfleet, forwarded ------------------------------------------------
+    def _call(self, method: str, request, grpc_context):
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context is not None else {}
+        return self.target.grpc.remote(method, request, metadata)
+
+    @staticmethod
+    def _unavailable(grpc_context, err: BaseException) -> None:
+        import grpc
+
+        _, error = _failure(err)
+        if grpc_context is not None:
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_details(error["error"]["message"])
+
+    async def Generate(self, request, grpc_context=None):
+        from deploy.service import grpc_api
+
+        reply = grpc_api.piece("", self.model_name, "")
+        try:
+            async for kind, *payload in self._call("Generate", request, grpc_context):
+                if kind == "message":
+                    reply = payload[0]
+                elif grpc_context is not None:
+                    grpc_context.set_code(payload[0])
+                    grpc_context.set_details(payload[1])
+        except Exception as err:  # noqa: BLE001 - the replica failed
+            self._unavailable(grpc_context, err)
+        return reply
+
+    async def GenerateStream(self, request, grpc_context=None):
+        """Serve carries a status set on the context only with a yielded message or a raised
+        exception, so a status is set, then an exception raised."""
+        status = None
+        try:
+            async for kind, *payload in self._call("GenerateStream", request, grpc_context):
+                if kind == "message":
+                    yield payload[0]
+                else:
+                    status = payload
+        except Exception as err:  # noqa: BLE001 - the replica failed
+            self._unavailable(grpc_context, err)
+            raise RuntimeError("the target replica is unavailable") from err
+        if status is not None:
+            if grpc_context is not None:
+                grpc_context.set_code(status[0])
+                grpc_context.set_details(status[1])
+            raise RuntimeError(status[1])
+
+
+class _Front:
+    instance: SpecfleetFront | None = None
+
+
+_front = _Front()
+
+
+@front_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+async def forward(request: Request, path: str) -> Response:
+    if _front.instance is None:
+        raise RuntimeError("no SpecfleetFront in this process")
+    return await _front.instance.forward(request)

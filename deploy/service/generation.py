@@ -1,0 +1,139 @@
+"""What the HTTP and gRPC fronts share between a parsed request and the engine (asyncio; no Ray).
+
+- `sampling_for(target, defaults, prompt_ids, ...)`: a request's sampling fields with the
+  service's defaults filled in, validated by `SamplingParams` and `target.check_length`, so
+  `InvalidRequestError` names the same field on every front.
+- `generate(engine, prompt_ids, sampling) -> Finished`: runs the engine in a worker thread.
+- `stream(engine, prompt_ids, sampling)`: async iterator of text pieces, then one `Finished`.
+  The pieces concatenate to exactly the non-streamed text: `StopHoldback` holds back text that
+  could still become a stop string and an incomplete UTF-8 character, and cuts at a stop string.
+- An engine failure other than bad input becomes `TargetUnavailableError` (the cause is chained
+  and logged here, not put in the message).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+
+from deploy.spec.engine import GenerationResult, SpeculativeEngine
+from actors.errors import InvalidRequestError, TargetUnavailableError
+from actors.sampling import SamplingParams
+from deploy.spec.target import TargetModel
+
+logger = logging.getLogger("specfleet")
+
+
+def request_field(field: str, chat: bool) -> str:
+    """An engine error's field as the API names it: the prompt is `messages` in a chat request,
+    token ids are the `prompt`, and indices are dotted (`messages[0].role` -> `messages.0.role`)."""
+    if field == "token_ids":
+        field = "prompt"
+    if chat and field == "prompt":
+        return "messages"
+    return re.sub(r"\[(\d+)\]", r".\1", field)
+
+
+def sampling_for(
+    target: TargetModel,
+    defaults,  # deploy.config.SamplingDefaults: max_tokens, temperature, top_p
+    prompt_ids: Sequence[int],
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+) -> SamplingParams:
+    """None means "not given": max_tokens then fills the context up to the service default."""
+    if max_tokens is None:
+        max_tokens = max(1, min(defaults.max_tokens, target.context_length - len(prompt_ids)))
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=defaults.temperature if temperature is None else temperature,
+        top_p=defaults.top_p if top_p is None else top_p,
+        top_k=top_k or 0,
+        seed=seed,
+        stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+    )
+    target.check_length(len(prompt_ids), sampling.max_tokens)
+    return sampling
+
+
+class StopHoldback:
+    """How much of a growing decoded text can be sent without ever being taken back."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = tuple(stop)
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.sent = 0  # characters already sent
+
+    def advance(self, text: str) -> str:
+        """`text`: the decoded output so far. -> the new piece that is safe to send ("" if none)."""
+        cuts = [cut for cut in (text.find(s) for s in self.stop) if cut >= 0]
+        safe = min(cuts) if cuts else len(text) - self.holdback
+        while safe > self.sent and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character
+            safe -= 1
+        if safe <= self.sent:
+            return ""
+        piece, self.sent = text[self.sent:safe], safe
+        return piece
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the final (non-streamed) text."""
+        piece, self.sent = final_text[self.sent:], max(self.sent, len(final_text))
+        return piece
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: GenerationResult
+    ttft_s: float | None  # streams only: seconds to the first generated token
+    e2e_s: float
+
+
+async def _engine_result(run: Awaitable[GenerationResult]) -> GenerationResult:
+    try:
+        return await run
+    except InvalidRequestError:
+        raise
+    except Exception as err:
+        logger.error("the target failed to generate", exc_info=err)
+        raise TargetUnavailableError(f"the target failed to generate ({type(err).__name__}); retry later") from err
+
+
+async def generate(engine: SpeculativeEngine, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
+    start = time.perf_counter()
+    result = await _engine_result(asyncio.to_thread(engine.run, prompt_ids, sampling))
+    return Finished(result, None, time.perf_counter() - start)
+
+
+async def stream(engine: SpeculativeEngine, prompt_ids: list[int], sampling: SamplingParams
+                 ) -> AsyncIterator[str | Finished]:
+    """Text pieces as rounds finish, then one Finished (whose result.text they add up to)."""
+    loop = asyncio.get_running_loop()
+    updates: asyncio.Queue = asyncio.Queue()
+    output: list[int] = []
+    start = time.perf_counter()
+    first_token_s: list[float] = []
+
+    def on_tokens(tokens: list[int]) -> None:  # runs in the engine's thread
+        output.extend(tokens)
+        if not first_token_s:
+            first_token_s.append(time.perf_counter() - start)
+        loop.call_soon_threadsafe(updates.put_nowait, list(output))
+
+    task = loop.run_in_executor(None, engine.run, prompt_ids, sampling, on_tokens)
+    task.add_done_callback(lambda _: loop.call_soon_threadsafe(updates.put_nowait, None))
+    holdback = StopHoldback(sampling.stop)
+    while (tokens := await updates.get()) is not None:
+        if piece := holdback.advance(engine.target.decode(tokens)):
+            yield piece
+    result = await _engine_result(task)
+    if piece := holdback.finish(result.text):
+        yield piece
+    yield Finished(result, first_token_s[0] if first_token_s else None, time.perf_counter() - start)

@@ -1,0 +1,57 @@
+"""Prometheus metrics of the service (names of docs/design.md, mirroring vLLM, plus a `drafter` label).
+
+`ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request; `render()` returns the
+Prometheus text exposition. Each replica has its own registry; nothing secret is ever a label.
+A multi-draft round's `drafter` label joins its drafters with '+' (its drafted tokens are a tree's
+nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from deploy.spec.engine import GenerationResult
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.drafts = Counter("specfleet:spec_decode_num_drafts", "Rounds with a draft", ["drafter"], registry=r)
+        self.draft_tokens = Counter("specfleet:spec_decode_num_draft_tokens", "Drafted tokens", ["drafter"], registry=r)
+        self.accepted = Counter("specfleet:spec_decode_num_accepted_tokens", "Accepted draft tokens", ["drafter"], registry=r)
+        self.accepted_per_pos = Counter("specfleet:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by position", ["drafter", "position"], registry=r)
+        self.pulls = Counter("specfleet:bandit_arm_pulls", "Rounds each arm was chosen", ["drafter"], registry=r)
+        self.draft_s = Histogram("specfleet:draft_seconds", "Coordinator round trip incl. drafting", ["drafter"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.verify_s = Histogram("specfleet:verify_seconds", "Target forward + verification",
+                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.overhead_s = Histogram("specfleet:coordinator_overhead_seconds",
+                                    "Round trip minus the slowest drafter's own drafting time",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specfleet:time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("specfleet:e2e_request_latency_seconds", "End-to-end request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe(self, result: GenerationResult, ttft_s: float | None, e2e_s: float) -> None:
+        for r in result.rounds:
+            for arm in r.drafter.split("+"):  # a multi-draft round pulls each of its arms
+                self.pulls.labels(arm).inc()
+            self.draft_s.labels(r.drafter).observe(r.draft_s)
+            self.verify_s.observe(r.verify_s)
+            self.overhead_s.observe(max(r.draft_s - r.drafter_s, 0.0))
+            if r.drafted:
+                self.drafts.labels(r.drafter).inc()
+                self.draft_tokens.labels(r.drafter).inc(r.drafted)
+                self.accepted.labels(r.drafter).inc(r.accepted)
+                for position in range(r.accepted):
+                    self.accepted_per_pos.labels(r.drafter, str(position)).inc()
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        self.e2e.observe(e2e_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

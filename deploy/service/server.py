@@ -1,0 +1,412 @@
+"""The target replica's fronts: OpenAI-compatible HTTP routes and the gRPC methods, on a plain class.
+
+`SpecfleetServer` holds the target model and a `SpeculativeEngine` whose drafting goes through
+the coordinator (the Ray actor `specfleet:coordinator` when `coordinator="actor"`, or an
+in-process one). HTTP routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with
+`stream: true`, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`),
+GET /v1/models, /health and /metrics; the admin API (always behind an admin token; 403 when the
+service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the live pool). gRPC (deploy/service/proto/specfleet.proto, through Serve's gRPC
+proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Generation runs in worker
+threads, one KV cache per request, so concurrent requests never share state; both fronts share
+request validation, streaming (deploy/service/generation.py) and the API-key check (deploy/service/auth.py).
+Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknown model, 413 for
+a body over the config's `max_request_bytes`) or
+INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAUTHENTICATED on
+/v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
+On the Ray service the replica is reached through the front deployment (deploy/service/front.py): its
+`http` runs this module's FastAPI app in-process for one forwarded request and streams the
+answer; its `grpc` runs `Generate` / `GenerateStream` with a context that records the status.
+deploy/service/app.py applies `serve.deployment` at build time; this module never imports Ray.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from actors.models import load_causal_lm
+from actors.pool import build_drafters
+from deploy.service.asgi_bridge import call_asgi
+from deploy.service.auth import ApiKeys, AuthenticationError
+from deploy.config import DrafterConfig, ServiceConfig
+from deploy.spec.engine import SpeculativeEngine
+from actors.errors import InvalidRequestError, TargetUnavailableError
+from deploy.service.generation import Finished, generate, request_field, sampling_for, stream
+from deploy.service.metrics import ServiceMetrics
+from deploy.service.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    sse_event,
+    too_large_body,
+    usage_chunk_body,
+    validation_error_body,
+)
+from actors.sampling import SamplingParams
+from deploy.spec.target import TargetModel
+from policy.coordinator import Coordinator
+
+app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
+
+
+def _error(message: str, param: str | None, status: int, error_type: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(error_body(message, param, status, error_type), status_code=status)
+
+
+def _unavailable(err: TargetUnavailableError) -> dict:
+    return error_body(str(err), None, 503, "service_unavailable_error")
+
+
+def _no_pool() -> JSONResponse:
+    return _error("this server drafts in-process; the admin API manages the Ray service's pool "
+                  "(specfleet serve, serve deploy)", None, 501, "not_implemented_error")
+
+
+class SpecfleetServer:
+    def __init__(self, config: dict, coordinator: str = "local", api_keys: ApiKeys | None = None,
+                 admin_keys: ApiKeys | None = None) -> None:
+        self.config = ServiceConfig.model_validate(config)
+        self.model_name = self.config.model_name
+        self.api_keys = api_keys or ApiKeys()  # resolved once by deploy.service.app.build_app; empty = open
+        self.admin_keys = admin_keys or ApiKeys()  # empty = the admin API is off
+        self.ray_pool = coordinator == "actor"
+        loaded = load_causal_lm(self.config.target.model, dtype=self.config.target.dtype)
+        self.target = TargetModel(loaded)
+        if coordinator == "actor":
+            from cluster.coordinator_actor import connect_coordinator
+
+            from cluster.placement import actor_name, here
+
+            proxy = connect_coordinator()
+            proxy.register_replica(actor_name(), here() | {"device": str(loaded.device)})  # for `specfleet status`
+        else:
+            pool = {d.name: build_drafters([d.kind], None, self.target.vocab_size)[d.kind] for d in self.config.drafters}
+            proxy = Coordinator(pool, self.config.policy, verify=self.config.verify)
+        self.engine = SpeculativeEngine(self.target, coordinator=proxy, k=self.config.k,
+                                        max_padding=self.config.max_padding)
+        self.metrics = ServiceMetrics()
+        self._metrics_lock = threading.Lock()
+        _replica.server = self  # one replica per process: the routes below serve this instance
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "specfleet"}]}
+
+    def prometheus(self) -> Response:
+        with self._metrics_lock:
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def _observe(self, done: Finished) -> None:
+        with self._metrics_lock:
+            self.metrics.observe(done.result, done.ttft_s, done.e2e_s)
+
+    # ---- HTTP ------------------------------------------------------------------------------
+    def _parse(self, body: object, chat: bool):
+        """-> (request, prompt_ids, sampling) or a JSONResponse error."""
+        if not isinstance(body, dict):
+            return _error("the request body must be a JSON object", None, 400)
+        try:
+            req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
+        except ValidationError as err:
+            return JSONResponse(validation_error_body(err), status_code=400)
+        if req.model != self.model_name:
+            return _error(f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                          "model", 404, "model_not_found")
+        if req.n != 1:
+            return _error("only n = 1 is supported", "n", 400)
+        if req.best_of not in (None, 1):
+            return _error("only best_of = 1 is supported", "best_of", 400)
+        try:
+            if chat:
+                prompt_ids = self.target.encode(messages=[m.model_dump() for m in req.messages])
+            elif isinstance(req.prompt, str):
+                prompt_ids = self.target.encode(prompt=req.prompt)
+            else:
+                prompt_ids = self.target.encode(token_ids=req.prompt)
+            max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+            sampling = sampling_for(self.target, self.config.sampling, prompt_ids, max_tokens=max_tokens,
+                                    temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                                    stop=req.stop)
+        except InvalidRequestError as err:
+            return _error(str(err), request_field(err.field, chat), 400)
+        return req, prompt_ids, sampling
+
+    async def serve_request(self, request: Request, chat: bool) -> Response:
+        limit = self.config.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        # refused before reading when the header says so, else once read (chunked bodies)
+        if (declared.isdigit() and int(declared) > limit) or len(raw := await request.body()) > limit:
+            return JSONResponse(too_large_body(limit), status_code=413)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not valid JSON (UTF-8)", None, 400)
+        parsed = self._parse(body, chat)
+        if isinstance(parsed, Response):
+            return parsed
+        req, prompt_ids, sampling = parsed
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._stream(request_id, chat, prompt_ids, sampling, include_usage),
+                                     media_type="text/event-stream")
+        try:
+            done = await generate(self.engine, prompt_ids, sampling)
+        except TargetUnavailableError as err:
+            return JSONResponse(_unavailable(err), status_code=503)
+        self._observe(done)
+        return JSONResponse(completion_body(request_id, self.model_name, done.result, chat, req.return_token_ids))
+
+    async def _stream(self, request_id: str, chat: bool, prompt_ids: list[int], sampling: SamplingParams,
+                      include_usage: bool):
+        """SSE chunks whose text adds up to the non-streamed text (deploy/service/generation.stream). A
+        target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
+        yield sse_event(chunk_body(request_id, self.model_name, chat, None, None, first=True))
+        try:
+            async for item in stream(self.engine, prompt_ids, sampling):
+                if isinstance(item, Finished):
+                    done = item
+                else:
+                    yield sse_event(chunk_body(request_id, self.model_name, chat, item, None))
+        except TargetUnavailableError as err:
+            yield sse_event(_unavailable(err))
+            yield sse_event("[DONE]")
+            return
+        yield sse_event(chunk_body(request_id, self.model_name, chat, None, done.result.finish_reason))
+        if include_usage:
+            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, done.result))
+        yield sse_event("[DONE]")
+        self._observe(done)
+
+    # ---- admin: the live drafter pool (cluster/pool.py, on the Ray service) -----------------
+    async def list_drafters(self) -> Response:
+        from cluster.pool import pool_status
+
+        if not self.ray_pool:
+            return _no_pool()
+        status = await asyncio.to_thread(pool_status)
+        return JSONResponse({"object": "list", "data": status["drafters"]})
+
+    async def add_drafter(self, request: Request) -> Response:
+        from cluster.placement import PlacementError
+        from cluster.pool import add_drafter
+
+        if not self.ray_pool:
+            return _no_pool()
+        try:
+            body = json.loads(await request.body())
+            drafter = DrafterConfig.model_validate(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not valid JSON (UTF-8)", None, 400)
+        except ValidationError as err:
+            return JSONResponse(validation_error_body(err), status_code=400)
+        try:
+            placement = await asyncio.to_thread(add_drafter, self.config, drafter)
+        except ValueError as err:  # the name is taken
+            return _error(str(err), "name", 409, "conflict_error")
+        except PlacementError as err:
+            return _error(str(err), None, 503, "service_unavailable_error")
+        except InvalidRequestError as err:
+            return _error(str(err), err.field, 400)
+        return JSONResponse({"name": drafter.name} | placement, status_code=201)
+
+    async def remove_drafter(self, name: str) -> Response:
+        from cluster.pool import remove_drafter
+
+        if not self.ray_pool:
+            return _no_pool()
+        try:
+            await asyncio.to_thread(remove_drafter, name)
+        except KeyError:
+            return _error(f"no drafter named {name!r} in the pool", "name", 404, "not_found_error")
+        except InvalidRequestError as err:  # it would leave the policy without an arm
+            return _error(str(err), "name", 409, "conflict_error")
+        return JSONResponse({"removed": name})
+
+    # ---- gRPC: specfleet.v1.Specfleet through Serve's gRPC proxy ----------------------------
+    # Serve calls the method named after the RPC, with `grpc_context` (a RayServegRPCContext).
+    # deploy.service.grpc_api is imported here, not at the top: its stubs are generated at install, and
+    # the HTTP front must not need them.
+    def _grpc_parse(self, request, grpc_context) -> tuple[list[int], SamplingParams]:
+        from deploy.service import grpc_api
+
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context is not None else {}
+        self.api_keys.check(metadata.get("authorization"))
+        return grpc_api.parse_request(request, self.target, self.config.sampling, self.model_name)
+
+    async def Generate(self, request, grpc_context=None):
+        """Unary: the whole completion. Errors set the status code on `grpc_context`."""
+        from deploy.service import grpc_api
+
+        try:
+            prompt_ids, sampling = self._grpc_parse(request, grpc_context)
+            done = await generate(self.engine, prompt_ids, sampling)
+        except grpc_api.STATUS_ERRORS as err:
+            if grpc_context is None:
+                raise
+            grpc_api.set_status(grpc_context, err)
+            return grpc_api.piece("", self.model_name, "")
+        self._observe(done)
+        return grpc_api.response(new_id("cmpl"), self.model_name, done.result)
+
+    async def GenerateStream(self, request, grpc_context=None):
+        """Server streaming: text pieces, then a last message with finish_reason, token_ids, usage
+        and metrics. Serve carries a status set on `grpc_context` only with a yielded message or
+        a raised exception, so errors are raised after setting it."""
+        from deploy.service import grpc_api
+
+        request_id = new_id("cmpl")
+        try:
+            prompt_ids, sampling = self._grpc_parse(request, grpc_context)
+            async for item in stream(self.engine, prompt_ids, sampling):
+                if isinstance(item, Finished):
+                    self._observe(item)
+                    yield grpc_api.response(request_id, self.model_name, item.result, text="")
+                else:
+                    yield grpc_api.piece(request_id, self.model_name, item)
+        except grpc_api.STATUS_ERRORS as err:
+            if grpc_context is not None:
+                grpc_api.set_status(grpc_context, err)
+            raise
+
+
+    # ---- behind the front deployment (deploy/service/front.py) ----------------------------------------
+    async def http(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]], body: bytes):
+        """One forwarded HTTP request through this process's app: (status, headers), then body chunks."""
+        async for item in call_asgi(app, method, path, query, headers, body):
+            yield item
+
+    async def grpc(self, method: str, request, metadata: dict):
+        """One forwarded gRPC call: ("message", response) per message, then ("status", code,
+        details) when the call set a status."""
+        context = RecordedContext(metadata)
+        try:
+            if method == "Generate":
+                yield ("message", await self.Generate(request, context))
+            elif method == "GenerateStream":
+                async for message in self.GenerateStream(request, context):
+                    yield ("message", message)
+            else:
+                raise ValueError(f"unknown gRPC method {method!r}")
+        except Exception:
+            if context.code is None:
+                raise
+        if context.code is not None:
+            yield ("status", context.code, context.details)
+
+
+class RecordedContext:
+    """The part of a gRPC servicer context the methods above use, recorded for the front."""
+
+    def __init__(self, metadata: dict) -> None:
+        self.metadata, self.code, self.details = metadata, None, ""
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return list(self.metadata.items())
+
+    def set_code(self, code) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+class _Replica:
+    server: SpecfleetServer | None = None
+
+
+_replica = _Replica()
+
+
+def _server() -> SpecfleetServer:
+    if _replica.server is None:
+        raise RuntimeError("no SpecfleetServer in this process")
+    return _replica.server
+
+
+async def _require_api_key(request: Request) -> None:
+    _server().api_keys.check(request.headers.get("authorization"))
+
+
+class AdminDisabledError(Exception):
+    pass
+
+
+async def _require_admin(request: Request) -> None:
+    keys = _server().admin_keys
+    if not keys.required:
+        raise AdminDisabledError("the admin API is off: start the service with an admin token "
+                                 "(SPECFLEET_ADMIN_TOKEN, SPECFLEET_ADMIN_TOKEN_FILE or ~/.specfleet/admin_token)")
+    keys.check(request.headers.get("authorization"))
+
+
+@app.exception_handler(AdminDisabledError)
+async def _admin_disabled(request: Request, err: AdminDisabledError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), None, 403, "permission_error"), status_code=403)
+
+
+@app.exception_handler(AuthenticationError)
+async def _unauthorized(request: Request, err: AuthenticationError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), None, 401, "authentication_error"), status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+# Routes are plain functions bound to this process's server (not class methods), so the app
+# needs no class-based-view rewriting and pickles by reference into Serve replicas.
+@app.get("/health")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@app.get("/metrics")
+async def prometheus() -> Response:
+    return _server().prometheus()
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(_require_api_key)])
+
+
+@v1.get("/models")
+async def models() -> dict:
+    return _server().models()
+
+
+@v1.post("/completions")
+async def completions(request: Request) -> Response:
+    return await _server().serve_request(request, chat=False)
+
+
+@v1.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _server().serve_request(request, chat=True)
+
+
+app.include_router(v1)
+
+admin = APIRouter(prefix="/admin", dependencies=[Depends(_require_admin)])
+
+
+@admin.get("/drafters")
+async def list_drafters() -> Response:
+    return await _server().list_drafters()
+
+
+@admin.post("/drafters")
+async def add_drafter(request: Request) -> Response:
+    return await _server().add_drafter(request)
+
+
+@admin.delete("/drafters/{name}")
+async def remove_drafter(name: str) -> Response:
+    return await _server().remove_drafter(name)
+
+
+app.include_router(admin)

@@ -1,0 +1,69 @@
+"""What verification forwards and drafting cost, as the engine prices them: the only place the
+engine's decisions (cuts, model-drafter budgets, rewards) read a time from.
+
+`ForwardCosts` is the serving cost model. Forward sizes cost non-monotonically on CPU (measured
+once per target, `TargetModel.forward_profile`): a draft's forward is padded with up to
+`max_padding` throwaway positions when a larger size is cheaper (`padded_size`). The seconds of a
+one-draft (or plain) forward of each size start at the target's profile and follow a running mean
+of the rounds seen (`observe`); a reward is charged that running mean for its size, so one slow
+forward (the machine's noise, not the drafter's doing) does not sink the arm that happened to be
+pulled; a tree's forward (no running mean) is charged as measured. A larger tree than the largest
+size measured costs in proportion to it. Drafting is charged as measured: the coordinator call as
+the target saw it.
+
+A bench that decides as on another device subclasses it (deploy/bench/device_costs.py); the
+engine only calls the methods below.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deploy.spec.target import TargetModel
+from policy.coordinator import DraftRound
+
+
+class ForwardCosts:
+    def __init__(self, target: TargetModel | None, max_positions: int, max_padding: int) -> None:
+        """target None: an engine that only decodes plainly (nothing to price: every cost 0)."""
+        self.max_positions = max_positions
+        # padded_size[n]: the forward size for n positions (the cheapest size >= n)
+        self.padded_size = list(range(max_positions + 1))
+        if max_padding and target is not None:
+            self.padded_size = [target.padded_length(n, max_positions) for n in self.padded_size]
+        # verify_s_by_size[n]: seconds of a one-draft verification over a forward of n positions (1 = a plain step)
+        self.verify_s_by_size = [0.0] * (max_positions + 1) if target is None else [0.0, *target.forward_profile(max_positions)]
+
+    @property
+    def plain_step_s(self) -> float:
+        """Seconds of a plain target step (0 for a plain-decoding-only engine)."""
+        return self.verify_s_by_size[1]
+
+    def forward_s(self, n: int) -> float:
+        """Seconds of a verification forward over n positions: the padded size's, for a one-draft
+        forward; a larger tree in proportion to the largest size measured."""
+        if n <= self.max_positions:
+            return self.verify_s_by_size[self.padded_size[n]]
+        return self.verify_s_by_size[self.max_positions] * n / self.max_positions
+
+    def shadow_verify_s(self, drafted: int) -> float:
+        """What verifying a draft of `drafted` tokens alone would have cost (a shadow's price)."""
+        return self.verify_s_by_size[self.padded_size[drafted + 1]]
+
+    def priced_verify_s(self, chain_size: int, positions: int, measured_s: float) -> float:
+        """What a verification is charged in rewards: the running mean for its forward size
+        (chain_size: the forward's size for one draft or none, 0 for a tree), else as measured."""
+        return self.verify_s_by_size[chain_size] if chain_size and self.verify_s_by_size[chain_size] else measured_s
+
+    def observe(self, chain_size: int, measured_s: float) -> None:
+        """A one-draft (or plain) forward of that size took measured_s: its running mean moves."""
+        if chain_size and self.verify_s_by_size[chain_size]:
+            self.verify_s_by_size[chain_size] = 0.9 * self.verify_s_by_size[chain_size] + 0.1 * measured_s
+
+    def priced_drafts(self, draft_round: DraftRound) -> DraftRound:
+        """The round with each draft's drafting seconds as this cost model charges them."""
+        return draft_round
+
+    def round_draft_s(self, call_s: float, overhead_s: float, own_s: Sequence[float]) -> float:
+        """What the round's drafting cost: call_s, the coordinator call as the target saw it
+        (overhead_s: its part beyond the drafters' own seconds, own_s)."""
+        return call_s

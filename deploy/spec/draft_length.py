@@ -1,0 +1,159 @@
+"""Cost-aware draft length: how many of a draft's tokens are worth a verification.
+
+Verifying more positions costs a larger target forward; on CPU that cost is far from flat (here a
+forward over 2 positions costs what 1 does, 4 about 1.3 plain steps, 8 about 1.3-1.5). A drafter's late
+tokens are worth verifying only while their expected yield pays for the larger forward.
+
+`DraftLengths` learns, per (drafter, source, match length) — which of a composite drafter's sources
+drafted (a hierarchy's level, a retrieval drafter's datastore or the request's context) and the
+length of context it matched, its evidence (actors/proposal.py; 0 when a drafter does not say) —
+how often draft position i was reached (every earlier drafted token accepted) and accepted, over
+every verified draft.
+A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
+
+    a_i = (accepted_i + PRIOR * WEIGHT) / (reached_i + WEIGHT)
+    E[emitted | l] = 1 + sum_{i=1..l} prod_{j<=i} a_j
+    l* = argmax_l E[emitted | l] / cost(l + 1)       (cost(1): a plain step)
+
+then lengthened to fill the forward it needs anyway (a size padded up to a cheaper one verifies
+the draft's next tokens instead of throwaway positions). Cutting is lossless: a draft's prefix,
+with its q, is a draft. `rate` is the same estimate for a draft as it stands (E[emitted | n] per
+second of its forward): the engine compares a round's drafts by it; `select_tree` chooses the
+nodes of several drafts' token tree worth verifying: of each size, the nodes most likely accepted
+(the `tree` verification mode). `tokens_to_draft` is the same choice
+made before drafting, for a drafter that pays `per_token_s` of drafting per token (a model): the
+length l in 1..k with the most expected tokens per second of drafting plus verification, or 0 when
+that rate does not beat the best draft already in hand. The statistics are shared by
+every request of the engine; concurrent updates may rarely lose one count, which only slows the
+learning.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from actors.proposal import Proposal
+from deploy.spec.draft_tree import ROOT, DraftTree
+
+PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
+WEIGHT = 2.0  # pseudo-counts behind PRIOR
+MAX_MATCH_KEY = 8  # longer matches share one row of statistics
+
+
+class DraftLengths:
+    def __init__(self, cost_s: Callable[[int], float], forward_size: Callable[[int], int], max_k: int) -> None:
+        """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
+        forward_size(n): the padded size the engine runs for n positions."""
+        self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
+        self._reached: dict[tuple[str, str, int], np.ndarray] = {}
+        self._accepted: dict[tuple[str, str, int], np.ndarray] = {}
+
+    def _rows(self, proposal: Proposal) -> tuple[np.ndarray, np.ndarray]:
+        key = (proposal.drafter, proposal.source, min(proposal.match_length, MAX_MATCH_KEY))
+        if key not in self._reached:
+            self._reached[key], self._accepted[key] = np.zeros(self.max_k), np.zeros(self.max_k)
+        return self._reached[key], self._accepted[key]
+
+    def best_length(self, proposal: Proposal) -> int:
+        """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
+        n = min(len(proposal.token_ids), self.max_k)
+        best, best_rate = 0, 1.0 / self.cost_s(1)
+        for l, expected in enumerate(self._expected_emitted(proposal, n), start=1):
+            rate = expected / self.cost_s(l + 1)
+            if rate > best_rate:
+                best, best_rate = l, rate
+        return min(n, self.forward_size(best + 1) - 1) if best else 0
+
+    def rate(self, proposal: Proposal) -> float:
+        """Expected tokens emitted per second if this draft, as it stands, is verified (an empty
+        draft: a plain step)."""
+        n = min(len(proposal.token_ids), self.max_k)
+        # E[emitted | l] never falls as l grows, so its largest value is E[emitted | n]
+        return max(self._expected_emitted(proposal, n), default=1.0) / self.cost_s(n + 1)
+
+    def tree_rate(self, proposals: Sequence[Proposal]) -> float:
+        """Expected tokens emitted per second if these drafts are verified together as one token
+        tree (deploy/spec/draft_tree.py), with each node's P(accepted) from `_node_probabilities`:
+        what `select_tree` maximises over the tree's cuts."""
+        tree, accepted = self._node_probabilities(proposals)
+        return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)
+
+    def select_tree(self, proposals: Sequence[Proposal]) -> list[int]:
+        """The nodes of these drafts' tree worth verifying, as the length each draft is cut to
+        (0: left out): of every size s, the s nodes most likely accepted (a parent is never
+        less likely than its child, so they form a subtree), at the size with the most expected
+        tokens per second, (1 + sum of their P) / cost(s + 1); none (a plain step) when no size
+        beats it. Node-level, as in EAGLE-2: a draft's first tokens can join while its tail, or a
+        weaker draft, is left out."""
+        tree, accepted = self._node_probabilities(proposals)
+        order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
+        best_size, best_rate, expected = 0, 1.0 / self.cost_s(1), 1.0
+        for size, node in enumerate(order, start=1):
+            expected += accepted[node]
+            rate = expected / self.cost_s(size + 1)
+            if rate > best_rate:
+                best_size, best_rate = size, rate
+        kept = set(order[:best_size])
+        return [next((i for i, node in enumerate(path) if node not in kept), len(path)) for path in tree.paths]
+
+    def _node_probabilities(self, proposals: Sequence[Proposal]) -> tuple[DraftTree, list[float]]:
+        """The drafts' token tree and each node's P(accepted). A node's acceptance, once its parent
+        is accepted, is the best of its drafts' a_i there; the children of a node hold distinct
+        tokens, so at most one is the target's: in draft order, child c is taken with
+        prod_{earlier}(1 - a) * a_c (as if the drafts erred independently)."""
+        drafts = [p.token_ids[: self.max_k] for p in proposals]
+        tree = DraftTree.build(drafts)
+        acceptance = [0.0] * tree.size
+        for proposal, path in zip(proposals, tree.paths):
+            for node, a in zip(path, self._acceptance(proposal, len(path))):
+                acceptance[node] = max(acceptance[node], a)
+        accepted = [0.0] * tree.size  # P(node accepted)
+        missed: dict[int, float] = {}  # per parent: P(every earlier child wrong)
+        for node in range(tree.size):  # a parent always precedes its children; siblings in draft order
+            parent = tree.parents[node]
+            reach = 1.0 if parent == ROOT else accepted[parent]
+            still = missed.get(parent, 1.0)
+            accepted[node] = reach * still * acceptance[node]
+            missed[parent] = still * (1.0 - acceptance[node])
+        return tree, accepted
+
+    def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
+        """a_i for the draft's positions 1..n: P(accepted | reached), with the prior."""
+        if not n:
+            return []  # an empty draft (a plain step) needs no statistics row
+        reached, accepted = self._rows(proposal)
+        return [(float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT) for i in range(n)]
+
+    def _expected_emitted(self, proposal: Proposal, n: int) -> Iterator[float]:
+        """E[emitted | l] for l = 1..n, in one pass over the positions in plain floats (a round
+        asks this of every chosen and shadow draft)."""
+        reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
+        for a in self._acceptance(proposal, n):
+            reach_probability *= a
+            expected += reach_probability
+            yield expected
+
+    def tokens_to_draft(self, drafter: str, per_token_s: float, k: int, floor_rate: float = 0.0) -> int:
+        """Tokens worth asking `drafter` for (drafts under its own name, source "", match 0):
+        argmax over l in 1..k of E[emitted | l] / (cost(l + 1) + l * per_token_s), or 0 when that
+        best rate is not above floor_rate (tokens per second of a draft in hand)."""
+        probe = Proposal(drafter, token_ids=(0,) * min(k, self.max_k))
+        best, best_rate = 0, floor_rate
+        for l, expected in enumerate(self._expected_emitted(probe, len(probe.token_ids)), start=1):
+            rate = expected / (self.cost_s(l + 1) + l * per_token_s)
+            if rate > best_rate:
+                best, best_rate = l, rate
+        return best
+
+    def cut(self, proposal: Proposal) -> Proposal:
+        return proposal.cut(self.best_length(proposal))
+
+    def observe(self, proposal: Proposal, accepted: int) -> None:
+        """A verified draft (as cut) had its first `accepted` tokens accepted."""
+        drafted = min(len(proposal.token_ids), self.max_k)
+        if not drafted:
+            return
+        reached, accepted_counts = self._rows(proposal)
+        reached[: min(accepted + 1, drafted)] += 1
+        accepted_counts[: min(accepted, drafted)] += 1

@@ -1,0 +1,443 @@
+"""The speculative engine: one request's draft -> verify -> accept loop on the target.
+
+`step` is one round, five named calls:
+
+    draft    one coordinator call: the newly committed tokens and the previous round's feedback
+             go in, the chosen drafter's draft (and with the `counterfactual` and `tree`
+             verification modes, every model-free drafter's draft as a shadow) comes out
+    choose   each draft cut to the length whose expected yield pays for its forward
+             (deploy/spec/draft_length.py); in `tree` mode the tree of every draft, the best
+             rated first, cut node by node; the drafts not chosen stay shadows
+    verify   one target forward over [last token, draft] (or the drafts' token tree, with a tree
+             attention mask); p computed once from its logits; `verify` / `verify_tree` accept
+             losslessly; the KV cache keeps the accepted path only
+    learn    each verified draft's reward (computed here, where the timings are) and the
+             shadows scored against the output as it is committed (deploy/spec/counterfactual.py)
+             become the feedback that rides on the next coordinator call; the draft-length
+             statistics learn from both
+    commit   the round's tokens are emitted, honouring EOS, max_tokens and stop strings
+
+A chosen model drafter is asked for as many tokens as pay for its drafting time too, and for
+none when a model-free draft in hand already promises more (drafting in one process is
+sequential: the coordinator drafts the cheap drafters first and defers the model drafter to a
+second call, sized here). The no-draft arm, empty proposals or a one-token budget make the round a
+plain target step. What forwards and drafting cost comes from the cost model
+(deploy/spec/cost_model.py). Greedy output equals plain decoding token for token; sampled output
+follows the target's distribution.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from actors.errors import InvalidRequestError
+from actors.no_draft import NO_DRAFT
+from actors.proposal import Proposal, Proposer
+from actors.sampling import SamplingParams, warp_probs
+from deploy.spec.cost_model import ForwardCosts
+from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
+from deploy.spec.draft_length import DraftLengths
+from deploy.spec.draft_tree import ROOT, DraftTree
+from deploy.spec.target import TargetModel
+from deploy.spec.tree_verify import per_draft_outcome, verify_tree
+from deploy.spec.verify import draft_overlaps, verify
+from policy.coordinator import Coordinator, DraftRound, Feedback, RoundFeedback
+from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
+from policy.reward import BD, COST, round_reward
+
+MAX_K = 32
+MAX_PADDING = 4  # throwaway positions a forward may be padded with when a larger size is cheaper
+PLAIN_DRAFT = Proposal(drafter=NO_DRAFT)  # an empty draft: a plain step
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    drafter: str  # several drafters of one round joined by '+'
+    drafted: int  # positions verified (a tree's distinct nodes)
+    accepted: int
+    emitted: int
+    reward: float
+    draft_s: float  # the coordinator call as the target saw it (selection, RPCs, drafting)
+    verify_s: float
+    drafter_s: float = 0.0  # the slowest drafter's own drafting time (chosen and shadow drafts; on the engine's device)
+    drafting_sum_s: float = 0.0  # every drafter's own drafting time as measured here, summed
+
+    @property
+    def parallel_draft_s(self) -> float:
+        """The coordinator call had its drafters drafted in parallel, as drafter actors on their
+        own devices do: its overhead (selection, RPCs, merging) plus the slowest drafter. Equal to
+        draft_s for one drafter; in-process drafting pays their sum."""
+        return max(0.0, self.draft_s - self.drafting_sum_s) + self.drafter_s
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    rounds: list[RoundTrace] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict:
+        per_drafter: dict[str, dict[str, int]] = {}
+        for r in self.rounds:
+            d = per_drafter.setdefault(r.drafter, {"steps": 0, "drafted": 0, "accepted": 0})
+            d["steps"] += 1
+            d["drafted"] += r.drafted
+            d["accepted"] += r.accepted
+        drafted = sum(r.drafted for r in self.rounds)
+        accepted = sum(r.accepted for r in self.rounds)
+        return {
+            "rounds": len(self.rounds),
+            "num_spec_steps": sum(1 for r in self.rounds if r.drafted),
+            "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": len(self.token_ids) / len(self.rounds) if self.rounds else None,
+            "draft_s": sum(r.draft_s for r in self.rounds),
+            "verify_s": sum(r.verify_s for r in self.rounds),
+            "per_drafter": per_drafter,
+        }
+
+    def to_dict(self, trace: bool = False) -> dict:
+        out = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "stats": self.summary}
+        if trace:
+            out["rounds"] = [asdict(r) for r in self.rounds]
+        return out
+
+
+@dataclass
+class RequestState:
+    """One request in flight: what the loop carries from round to round."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    generator: torch.Generator
+    cache: object
+    shadows: CounterfactualScorer
+    cutting: bool  # cut drafts (and choose among them) by the measured costs
+    tokens: list[int] = field(default_factory=list)  # committed context; the cache covers tokens[:-1]
+    sent: int = 0  # committed tokens the coordinator has seen
+    output: list[int] = field(default_factory=list)
+    rounds: list[RoundTrace] = field(default_factory=list)
+    feedback: RoundFeedback | None = None  # rides on the next coordinator call
+    finish: str | None = None
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """A round's drafts as the coordinator gave them, priced by the cost model."""
+
+    round: DraftRound
+    drafting_s: float  # every drafter's own seconds as measured here, summed
+
+
+@dataclass(frozen=True)
+class DraftOutcome:
+    """What one verified draft earned: its tokens accepted and its BD overlaps."""
+
+    accepted: int
+    overlaps: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one target forward decided."""
+
+    emitted: tuple[int, ...]  # accepted tokens + the recovered or bonus token
+    drafted: int  # positions verified (a tree's distinct nodes)
+    outcomes: tuple[DraftOutcome, ...]  # per verified proposal, in order
+    p: torch.Tensor | None  # [rows, V] the target's warped probabilities (None when nothing needs them)
+    branch_rows: tuple[int, ...]  # the forward's row of each emitted token's distribution
+    chain_size: int  # the forward's size when it verified one draft or none (0 for a tree)
+    verify_s: float
+
+    @property
+    def accepted(self) -> int:
+        return len(self.emitted) - 1
+
+
+class SpeculativeEngine:
+    """Runs requests against one target. Drafting goes through a coordinator: a local
+    `Coordinator` over `drafters` (default), or any object with the same `propose` / `finish` /
+    `reward_kind` (the Ray coordinator actor's proxy)."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafters: Mapping[str, Proposer] | None = None,
+        policy: str = DEFAULT_POLICY,
+        k: int = 7,
+        seed: int = 0,
+        max_padding: int = MAX_PADDING,
+        coordinator: Coordinator | None = None,
+        cut_drafts: bool = True,
+        verify: str = DEFAULT_VERIFY,
+        costs: ForwardCosts | None = None,
+    ) -> None:
+        """cut_drafts: verify only as much of each draft as pays for its forward (and in `tree`
+        mode the nodes that pay, deploy/spec/draft_length.py); False verifies every drafted token
+        of the chosen draft. A sampled request with a seed always verifies the chosen draft whole:
+        cuts depend on measured times, and its output must depend on the seed alone. costs: the
+        cost model (default: this machine's, measured on the target)."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
+        if (drafters is None) == (coordinator is None):
+            raise ValueError("give drafters (a local coordinator is built) or a coordinator, not both")
+        self.target, self.k, self.cut_drafts = target, k, cut_drafts
+        self.coordinator = coordinator if coordinator is not None else Coordinator(drafters, policy, seed, verify=verify)
+        self.reward_kind = self.coordinator.reward_kind
+        self._seeds = np.random.default_rng(seed)
+        self._seed_lock = threading.Lock()
+        only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
+        self.costs = costs or ForwardCosts(None if only_plain else target, k + 1 + max_padding, max_padding)
+        self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
+        # how many of each draft's tokens to verify, learned from the verifications (deploy/spec/draft_length.py)
+        self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
+
+    def generate(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        token_ids: Sequence[int] | None = None,
+        sampling: SamplingParams = SamplingParams(),
+    ) -> GenerationResult:
+        return self.run(self.target.encode(prompt=prompt, messages=messages, token_ids=token_ids), sampling)
+
+    def run(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None) -> GenerationResult:
+        """Generate from prompt token ids; `on_tokens(list[int])` is called with each round's output."""
+        request = self.open(prompt_ids, sampling)
+        try:
+            while request.finish is None:
+                trace = self.step(request)
+                if on_tokens is not None and trace.emitted:
+                    on_tokens(request.output[-trace.emitted:])
+        finally:
+            self.close(request)
+        return self.result(request)
+
+    def step(self, request: RequestState) -> RoundTrace:
+        """One round: draft -> choose what to verify -> one forward and accept -> learn -> commit."""
+        start = time.perf_counter()
+        drafts = self.draft(request)
+        chosen = self.choose(drafts.round, request.cutting)
+        draft_s = time.perf_counter() - start
+        verdict = self.verify(request, chosen)
+        request.feedback, reward = self.learn(request, drafts, chosen, verdict, draft_s)
+        emitted = self.commit(request, verdict.emitted)
+        own_s = [p.draft_s for p in chosen.proposals + chosen.shadows]
+        trace = RoundTrace(chosen.label, verdict.drafted, verdict.accepted, emitted, reward, draft_s, verdict.verify_s,
+                           max(own_s, default=0.0), drafts.drafting_s)
+        request.rounds.append(trace)
+        return trace
+
+    def open(self, prompt_ids: list[int], sampling: SamplingParams) -> RequestState:
+        """Check the request, prefill the target's cache with the prompt."""
+        self.target.check_length(len(prompt_ids), sampling.max_tokens)
+        with self._seed_lock:
+            seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
+        cache = self.target.new_cache()
+        if len(prompt_ids) > 1:
+            self.target.forward(cache, prompt_ids[:-1], logits_for=0)  # prefill: only the K/V cache is needed
+        cutting = self.cut_drafts and self.costs.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
+        return RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed), cache,
+                            CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting, tokens=list(prompt_ids))
+
+    def draft(self, request: RequestState) -> Drafts:
+        """The coordinator's drafts for this round; a deferred model drafter is asked for as many
+        tokens as pay for its drafting time (`_model_tokens`)."""
+        budget = min(self.k, request.sampling.max_tokens - len(request.output) - 1)  # leaves room for the bonus
+        round_ = self.coordinator.propose(request.request_id, request.tokens[request.sent:], request.feedback, budget,
+                                          request.sampling, defer_models=request.cutting)
+        if round_.deferred:
+            in_hand = round_.proposals + (round_.shadows if round_.tree else ())
+            asked = {arm: min(budget, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
+            extra = self.coordinator.draft_deferred(request.request_id, asked, request.sampling)
+            round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
+        request.sent = len(request.tokens)
+        drafting_s = sum(p.draft_s for p in round_.proposals + round_.shadows)  # measured here
+        round_ = self.costs.priced_drafts(round_)
+        self._time_drafting(round_)
+        return Drafts(round_, drafting_s)
+
+    def choose(self, round_: DraftRound, cutting: bool) -> DraftRound:
+        """What to verify: each draft cut to the length worth verifying; in `tree` mode the best
+        rated of the chosen draft and the shadows (the chosen one, or a plain step, on a tie)
+        heads the tree of every uncut draft, cut node by node (DraftLengths.select_tree). The
+        drafts left out are the round's shadows (as cut)."""
+        if not cutting:
+            return round_
+        cut = replace(round_, proposals=tuple(map(self.draft_lengths.cut, round_.proposals)),
+                      shadows=tuple(map(self.draft_lengths.cut, round_.shadows)))
+        if not round_.tree or len(cut.proposals) > 1 or not cut.shadows:
+            return cut
+        chosen = cut.proposals  # none when the chosen model drafter sat the round out
+        rated = [(self.draft_lengths.rate(p), p) for p in (*chosen, *cut.shadows)]  # each draft rated once
+        best_rate, best = max(rated[len(chosen):], key=lambda pair: pair[0])
+        chosen_rate = rated[0][0] if chosen else self.draft_lengths.rate(PLAIN_DRAFT)
+        if best_rate > chosen_rate:
+            chosen = (best,)
+        if not chosen or not chosen[0].token_ids:
+            return replace(cut, proposals=chosen, shadows=tuple(p for _, p in rated if not any(p is c for c in chosen)))
+        whole = (*round_.proposals, *round_.shadows)
+        first = next(i for i, (_, p) in enumerate(rated) if p is chosen[0])
+        order = [first, *sorted((i for i, (_, p) in enumerate(rated) if i != first and whole[i].token_ids),
+                                key=lambda i: -rated[i][0])]
+        lengths = dict(zip(order, self.draft_lengths.select_tree([whole[i] for i in order])))
+        return replace(cut, proposals=tuple(whole[i].cut(lengths[i]) for i in order if lengths[i]),
+                       shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i)))
+
+    def verify(self, request: RequestState, chosen: DraftRound) -> Verdict:
+        """Verify the round's drafts in one target forward and keep the cache on the accepted path."""
+        start = time.perf_counter()
+        tokens, sampling, with_overlaps = request.tokens, request.sampling, self.reward_kind == BD
+        distinct = list({p.token_ids: p for p in reversed(chosen.proposals) if p.token_ids}.values())[::-1]
+        if len(distinct) <= 1:
+            draft, q = (distinct[0].token_ids, distinct[0].q) if distinct else ((), None)
+            positions = [tokens[-1], *draft]
+            if draft:  # extra positions only change speed; their K/V is cropped
+                positions += [draft[-1]] * (self.costs.padded_size[len(positions)] - len(positions))
+            # every padded row's logits: the size was chosen by the cost of exactly that (see padded_length)
+            logits = self.target.forward(request.cache, positions)[: len(draft) + 1]  # [d+1, V]
+            p = warp_probs(logits, sampling) if with_overlaps or not sampling.greedy else None  # [d+1, V]
+            result = verify(draft, q, logits, sampling, request.generator, with_overlaps=with_overlaps, p=p)
+            self.target.crop(request.cache, len(tokens) + result.accepted)
+            outcomes = tuple(
+                DraftOutcome(0) if not proposal.token_ids
+                else DraftOutcome(result.accepted, result.overlaps if proposal.q is q or not with_overlaps
+                                  else draft_overlaps(draft, proposal.q, p[: len(draft)]))
+                for proposal in chosen.proposals
+            )
+            return Verdict(result.token_ids, len(draft), outcomes, p, tuple(range(result.accepted + 1)), len(positions),
+                           time.perf_counter() - start)
+        drafts = [p.token_ids for p in distinct]
+        tree = DraftTree.build(drafts)
+        positions = [tokens[-1], *tree.tokens]
+        parents = [-1] + [0 if parent == ROOT else 1 + parent for parent in tree.parents]
+        if len(positions) < len(self.costs.padded_size):  # padding attends to the prefix only; cropped below
+            padding = self.costs.padded_size[len(positions)] - len(positions)
+            positions, parents = positions + [tree.tokens[-1]] * padding, parents + [-1] * padding
+        logits = self.target.forward(request.cache, positions, parents=parents)[: 1 + tree.size]  # [1+n, V]
+        p = warp_probs(logits, sampling) if with_overlaps or not sampling.greedy else None  # [1+n, V]
+        result = verify_tree(tree, [d.q for d in distinct], drafts, logits, sampling, request.generator, p=p)
+        self.target.keep(request.cache, len(tokens), [len(tokens) + node for node in result.nodes])
+        index = {proposal.token_ids: i for i, proposal in enumerate(distinct)}
+        outcomes = tuple(
+            DraftOutcome(*per_draft_outcome(tree, index[proposal.token_ids], proposal.token_ids, proposal.q,
+                                            p if with_overlaps else None, result))
+            if proposal.token_ids else DraftOutcome(0)
+            for proposal in chosen.proposals
+        )
+        return Verdict(result.token_ids, tree.size, outcomes, p, (0, *(1 + node for node in result.nodes)), 0,
+                       time.perf_counter() - start)
+
+    def learn(self, request: RequestState, drafts: Drafts, chosen: DraftRound, verdict: Verdict,
+              draft_s: float) -> tuple[RoundFeedback | None, float]:
+        """The round's feedback for the coordinator (each verified draft's reward, and the shadows
+        whose score became final) and the draft-length statistics' update. -> (feedback, the
+        best verified draft's reward)."""
+        self.costs.observe(verdict.chain_size, verdict.verify_s)
+        priced_s = self.costs.priced_verify_s(verdict.chain_size, verdict.drafted + 1, verdict.verify_s)
+        for proposal, outcome in zip(chosen.proposals, verdict.outcomes):
+            self.draft_lengths.observe(proposal, outcome.accepted)
+        # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
+        overhead_s = max(0.0, draft_s - drafts.drafting_s)
+        feedback = [self._feedback(p, outcome.accepted, outcome.overlaps, p.draft_s + overhead_s, priced_s)
+                    for p, outcome in zip(chosen.proposals, verdict.outcomes)]
+        position = len(request.tokens)
+        final = request.shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in chosen.shadows], position)
+        p, rows = verdict.p, verdict.branch_rows
+        final += request.shadows.observe(position, verdict.emitted, lambda i: p[rows[i]])
+        for score in final:  # a shadow teaches the draft lengths as a verified draft would
+            self.draft_lengths.observe(score.proposal, score.matched)
+        feedback += [self._counterfactual(s) for s in final]
+        reward = max((f.reward for f in feedback if not f.counterfactual), default=0.0)
+        return (RoundFeedback(tuple(feedback)) if feedback else None), reward
+
+    def commit(self, request: RequestState, emitted_ids: Sequence[int]) -> int:
+        """Append the round's tokens to the output, honouring EOS, max_tokens and stop strings.
+        -> how many were emitted."""
+        output, sampling = request.output, request.sampling
+        before = len(output)
+        request.tokens.extend(emitted_ids)
+        for token in emitted_ids:
+            if token in self.target.eos_ids:
+                request.finish = "stop"
+                return len(output) - before
+            output.append(token)
+            if len(output) >= sampling.max_tokens:
+                request.finish = "length"
+                return len(output) - before
+        if sampling.stop:
+            tail = self.target.decode(output[-(len(emitted_ids) + 16) :])
+            if any(stop in tail for stop in sampling.stop):
+                request.finish = "stop"
+        return len(output) - before
+
+    def close(self, request: RequestState) -> None:
+        """Score the shadows still open, hand the last feedback to the coordinator, free the request."""
+        committed = request.prompt_ids + request.output
+        last = tuple(self._counterfactual(s) for s in request.shadows.finish())
+        feedback = request.feedback
+        if last:
+            feedback = replace(feedback, drafts=feedback.drafts + last) if feedback else RoundFeedback(last)
+        self.coordinator.finish(request.request_id, committed[request.sent:], feedback)
+
+    def result(self, request: RequestState) -> GenerationResult:
+        """The request's text and tokens, cut at the first stop string."""
+        output, finish, stops = request.output, request.finish, request.sampling.stop
+        text = self.target.decode(output)
+        cuts = [cut for cut in (text.find(stop) for stop in stops) if cut >= 0]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+            while output and any(stop in self.target.decode(output[:-1]) for stop in stops):
+                output.pop()  # token ids end with the token that completed the stop string
+        return GenerationResult(text, output, finish, len(request.prompt_ids), request.rounds)
+
+    def _time_drafting(self, draft_round: DraftRound) -> None:
+        """Running mean of each drafter's drafting seconds per drafted token."""
+        for proposal in draft_round.proposals + draft_round.shadows:
+            if proposal.token_ids:
+                per_token_s = proposal.draft_s / len(proposal.token_ids)
+                before = self.draft_s_per_token.get(proposal.drafter)
+                self.draft_s_per_token[proposal.drafter] = per_token_s if before is None else 0.9 * before + 0.1 * per_token_s
+
+    def _model_tokens(self, drafter: str, in_hand: Sequence[Proposal]) -> int:
+        """How many tokens to ask a model drafter for, its drafting time counted: none when a draft
+        in hand already promises more tokens per second (deploy/spec/draft_length.py); k until its
+        drafting has been timed."""
+        per_token_s = self.draft_s_per_token.get(drafter)
+        if per_token_s is None:
+            return self.k
+        floor = max((self.draft_lengths.rate(self.draft_lengths.cut(p)) for p in in_hand if p.token_ids), default=0.0)
+        return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
+
+    def _feedback(self, proposal: Proposal, accepted: int, overlaps: Sequence[float], draft_s: float, verify_s: float,
+                  counterfactual: bool = False) -> Feedback:
+        plain_step_s = self.costs.plain_step_s
+        reward = round_reward(
+            self.reward_kind, accepted=accepted, drafted=len(proposal.token_ids), overlaps=overlaps,
+            draft_s=draft_s, verify_s=verify_s, plain_step_s=plain_step_s, k=self.k,
+        )
+        # the cost reward is a rate: weighed by the round's duration, an arm's mean is its throughput
+        weight = (draft_s + verify_s) / plain_step_s if self.reward_kind == COST and plain_step_s else 1.0
+        return Feedback(proposal.drafter, len(proposal.token_ids), accepted, reward, counterfactual, weight)
+
+    def _counterfactual(self, shadow: ShadowScore) -> Feedback:
+        """A shadow draft's feedback: its matched tokens as accepted; the cost reward prices it as
+        if verified (its drafting time plus its round's overhead, a verification of its size)."""
+        proposal, drafted = shadow.proposal, len(shadow.proposal.token_ids)
+        overlaps = tuple(shadow.overlaps)
+        if overlaps and shadow.matched < len(overlaps):  # a mismatch: the positions after it count 0
+            overlaps += (0.0,) * (drafted - len(overlaps))
+        verify_s = self.costs.shadow_verify_s(drafted)
+        return self._feedback(proposal, shadow.matched, overlaps, proposal.draft_s, verify_s, counterfactual=True)

@@ -1,0 +1,170 @@
+"""The target model: prompt encoding (raw text, chat messages, token ids) and KV-cached forwards.
+
+`forward(cache, token_ids)` appends positions to a per-request DynamicCache and returns the logits
+of every new position ([n, V], float32 on CPU); `crop` (actors/kv_cache.py) rolls rejected
+positions back. `forward(..., parents=)` runs a token tree instead of a chain (several drafts in
+one pass; deploy/spec/draft_tree.py): each new position attends to the prefix, its ancestors and
+itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
+Input problems raise InvalidRequestError naming the field.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+
+import torch
+
+from actors.kv_cache import crop_cache
+from actors.models import LoadedModel
+from deploy.spec.draft_tree import attention_allowed, depths_of
+from actors.errors import InvalidRequestError
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class TargetModel:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.vocab_size = loaded.vocab_size
+        self.context_length = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self._profile: list[float] = []  # forward_profile cache
+        self._slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    def encode(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict] | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> list[int]:
+        given = [x is not None for x in (prompt, messages, token_ids)]
+        if sum(given) != 1:
+            raise InvalidRequestError("prompt", "give exactly one of prompt, messages or token_ids")
+        if prompt is not None:
+            if not isinstance(prompt, str) or not prompt:
+                raise InvalidRequestError("prompt", "must be a non-empty string")
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        elif messages is not None:
+            ids = self._encode_chat(messages)
+        else:
+            if not isinstance(token_ids, (list, tuple)) or not token_ids:
+                raise InvalidRequestError("token_ids", "must be a non-empty list of token ids")
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in token_ids):
+                raise InvalidRequestError("token_ids", f"every id must be an integer in [0, {self.vocab_size})")
+            ids = list(token_ids)
+        if not ids:
+            raise InvalidRequestError("prompt", "encodes to no tokens")
+        return list(ids)
+
+    def _encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidRequestError("messages", "must be a non-empty list")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise InvalidRequestError(f"messages[{i}]", "must be an object with role and content")
+            if message.get("role") not in CHAT_ROLES:
+                raise InvalidRequestError(f"messages[{i}].role", f"must be one of {list(CHAT_ROLES)}, got {message.get('role')!r}")
+            if not isinstance(message.get("content"), str):
+                raise InvalidRequestError(f"messages[{i}].content", "must be a string")
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
+        if prompt_tokens >= self.context_length:
+            raise InvalidRequestError("prompt", f"is {prompt_tokens} tokens; the context holds {self.context_length}")
+        if prompt_tokens + max_tokens > self.context_length:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"{max_tokens} + {prompt_tokens} prompt tokens exceeds the context of {self.context_length}",
+            )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def new_cache(self) -> object:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(
+        self, cache: object, token_ids: Sequence[int], logits_for: int | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Append token_ids to the cache. -> logits [n, V] of each new position, or of the first
+        `logits_for` only (the vocabulary projection is skipped for the rest: a prefill needs none,
+        a padded verification needs the draft's). `parents` (per new position, its parent's index
+        among them, -1 = follows the cached prefix) makes the new positions a tree, not a chain."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        extra = {}
+        if logits_for is not None and logits_for < len(token_ids) and self._slices_logits:
+            extra["logits_to_keep"] = torch.arange(max(logits_for, 1), device=self.device)
+        if parents is not None:
+            prefix = cache.get_seq_length()
+            allowed = attention_allowed(parents, prefix).to(self.device)  # [n, prefix + n]
+            mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
+            extra["attention_mask"] = mask.masked_fill(~allowed, torch.finfo(mask.dtype).min)[None, None]
+            extra["position_ids"] = torch.tensor([[prefix + d for d in depths_of(parents)]], device=self.device)
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra).logits[0]
+        return logits[: len(token_ids) if logits_for is None else logits_for].float().cpu()
+
+    def crop(self, cache: object, length: int) -> None:
+        crop_cache(cache, length)
+
+    @torch.inference_mode()
+    def keep(self, cache: object, start: int, positions: Sequence[int]) -> None:
+        """Keep cache positions [0, start) plus `positions` (absolute, ascending, each >= start)
+        moved to start, start + 1, ...; drop the rest (a tree's accepted branch)."""
+        if list(positions) != list(range(start, start + len(positions))):
+            source = torch.tensor(list(positions), device=self.device)
+            for layer in cache.layers:
+                layer.keys[:, :, start : start + len(positions)] = layer.keys.index_select(2, source)
+                layer.values[:, :, start : start + len(positions)] = layer.values.index_select(2, source)
+        crop_cache(cache, start + len(positions))
+
+    def forward_profile(self, max_positions: int, context: int = 128, repeats: int = 4) -> list[float]:
+        """Seconds of a verification forward over 1..max_positions new positions, logits for each
+        of them (index 0 = 1 position): the fastest of `repeats` (other work on the machine only
+        adds time, and a size that looks cheaper than it is gets used and re-timed by the engine).
+
+        Measured once per target and size on a `context`-token cache (each size warmed up first)
+        and cached. On CPU the cost is far from monotonic in the positions and, more so, in the
+        vocabulary projection's rows (MKL picks different kernels: here 2 or 3 rows cost more than
+        4, 7 more than 8), which `padded_length` exploits: a padded forward keeps every row's logits.
+        """
+        missing = list(range(len(self._profile) + 1, max_positions + 1))
+        if missing:
+            cache = self.new_cache()
+            self.forward(cache, [(7 * i) % self.vocab_size for i in range(context)], logits_for=0)
+            times: dict[int, list[float]] = {m: [] for m in missing}
+            for round_index in range(repeats + 1):
+                for m in missing:
+                    start = time.perf_counter()
+                    self.forward(cache, list(range(1, m + 1)))
+                    if round_index:  # round 0 only warms each size up
+                        times[m].append(time.perf_counter() - start)
+                    self.crop(cache, context)
+            self._profile.extend(min(times[m]) for m in missing)
+        return self._profile[:max_positions]
+
+    def plain_step_s(self) -> float:
+        """Seconds of one plain decoding step (a one-position forward)."""
+        return self.forward_profile(1)[0]
+
+    def padded_length(self, positions: int, max_positions: int) -> int:
+        """The cheapest forward size >= positions (ties go to the smaller); 1 is never padded."""
+        if positions <= 1 or positions >= max_positions:
+            return positions
+        profile = self.forward_profile(max_positions)
+        return min(range(positions, max_positions + 1), key=lambda m: (profile[m - 1] * 1.03 ** (m - positions), m))

@@ -1,0 +1,67 @@
+"""Sampling parameters validate themselves; one warp function shapes p and q alike."""
+import math
+
+import pytest
+import torch
+
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams, warp_probs
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"seed": "x"}, "seed"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_sampling_values_raise_an_error_naming_the_field(kwargs, field):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**kwargs)
+    assert err.value.field == field and field in str(err.value)
+
+
+def test_temperature_zero_means_greedy():
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_a_single_stop_string_becomes_a_tuple():
+    assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.allclose(warp_probs(logits, SamplingParams(temperature=0.5)), torch.softmax(logits / 0.5, -1))
+
+
+def test_greedy_params_give_the_temperature_one_softmax():
+    logits = torch.tensor([[0.3, -1.0, 2.0]])
+    assert torch.allclose(warp_probs(logits, SamplingParams()), torch.softmax(logits, -1))
+
+
+def test_top_k_keeps_exactly_k_tokens():
+    probs = warp_probs(torch.tensor([0.1, 3.0, 2.0, -1.0, 1.0]), SamplingParams(temperature=1.0, top_k=2))
+    assert (probs > 0).tolist() == [False, True, True, False, False]
+    assert probs.sum().item() == pytest.approx(1.0)
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = warp_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert (probs > 0).tolist() == [True, True, False, False]
+    assert probs[0].item() == pytest.approx(0.5 / 0.8)
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    probs = warp_probs(torch.tensor([5.0, 0.0, 0.0]), SamplingParams(temperature=1.0, top_p=0.01))
+    assert probs.tolist() == [1.0, 0.0, 0.0]

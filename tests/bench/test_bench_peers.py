@@ -1,0 +1,35 @@
+"""Peer runs decode exactly what plain target decoding does (the bench checks their output like
+ours), the assistant peer included when a draft model is configured."""
+import pytest
+
+from deploy.bench import BenchPrompt, make_engine
+from deploy.bench.peers import HFPeer
+from actors.errors import InvalidRequestError
+from actors.sampling import SamplingParams
+from tests.conftest import CHAT_PROMPTS
+
+pytestmark = pytest.mark.model
+MAX_TOKENS = 24
+
+
+@pytest.mark.parametrize("peer", ["hf-generate", "hf-prompt-lookup", "hf-assistant"])
+def test_each_peer_matches_plain_decoding_token_for_token(target, early_exit_drafter_model, peer):
+    plain = make_engine("ar", target, ["none"], 7)
+    runner = HFPeer(peer, target, early_exit_drafter_model)
+    for messages in CHAT_PROMPTS[:2]:
+        expected = plain.generate(messages=messages, sampling=SamplingParams(max_tokens=MAX_TOKENS)).token_ids
+        sample = runner.generate(BenchPrompt("p", "t", messages=messages), MAX_TOKENS)
+        assert sample.token_ids == expected
+        assert sample.seconds > 0 and sample.rounds == 0
+
+
+def test_a_peer_that_stops_at_eos_drops_the_eos_token(target):
+    question = [{"role": "user", "content": "What is 2 + 2? Answer with one number."}]  # ends well before 64 tokens
+    sample = HFPeer("hf-generate", target).generate(BenchPrompt("p", "t", messages=question), 64)
+    assert not set(sample.token_ids) & target.eos_ids and len(sample.token_ids) < 64
+
+
+def test_the_assistant_peer_without_a_draft_model_is_refused_naming_runs(target):
+    with pytest.raises(InvalidRequestError) as err:
+        HFPeer("hf-assistant", target)
+    assert err.value.field == "runs"

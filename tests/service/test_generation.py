@@ -1,0 +1,143 @@
+"""What both fronts share (deploy/service/generation.py): streamed pieces add up to the non-streamed text
+(stop strings, incomplete UTF-8), and a failing target is 503 over HTTP and UNAVAILABLE over gRPC
+(in-process server with its drafting pool made to fail, as when the coordinator actor dies)."""
+import asyncio
+import json
+
+import grpc
+import pytest
+from starlette.requests import Request
+
+from actors.pool import build_drafters
+from deploy.spec.engine import SpeculativeEngine
+from deploy.service.generation import Finished, StopHoldback, stream
+from actors.sampling import SamplingParams
+
+PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
+
+
+def test_text_that_could_start_a_stop_string_is_held_back():
+    holdback = StopHoldback(["STOP"])
+    assert holdback.advance("Hello ST") == "Hello"  # the last 3 characters could still become STOP
+    assert holdback.advance("Hello STAR") == " S"
+    assert holdback.finish("Hello STAR") == "TAR"
+
+
+def test_streaming_cuts_at_a_stop_string_even_inside_one_round():
+    holdback = StopHoldback(["\n\n"])
+    assert holdback.advance("one\n\ntwo three") == "one"  # the round went past the stop string
+    assert holdback.advance("one\n\ntwo three four") == ""
+    assert holdback.finish("one") == ""
+
+
+def test_an_incomplete_utf8_character_is_held_back():
+    holdback = StopHoldback([])
+    assert holdback.advance("caf\ufffd") == "caf"
+    assert holdback.advance("café") == "é"
+
+
+@pytest.fixture(scope="module")
+def engine(target):
+    return SpeculativeEngine(target, build_drafters(["ngram", "none"]), policy="metasd-ucb", max_padding=0)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("stop", [("Thursday",), ("\n", "day")])
+def test_streamed_pieces_add_up_to_the_non_streamed_text(target, engine, stop):
+    sampling = SamplingParams(max_tokens=24, stop=stop)
+
+    async def collect():
+        return [item async for item in stream(engine, target.encode(prompt=PROMPT), sampling)]
+
+    *pieces, done = asyncio.run(collect())
+    assert isinstance(done, Finished) and done.result.finish_reason == "stop"  # a stop string was hit
+    assert all(isinstance(p, str) and p for p in pieces)
+    assert "".join(pieces) == done.result.text == engine.generate(prompt=PROMPT, sampling=sampling).text
+
+
+class FailingCoordinator:
+    """Stands in for a dead coordinator actor: every propose raises."""
+
+    reward_kind = "be"
+
+    def propose(self, *args, **kwargs):
+        raise RuntimeError("The actor died unexpectedly before finishing this task.")
+
+    def finish(self, *args):
+        pass
+
+
+class FakeGrpcContext:
+    """The part of Ray Serve's RayServegRPCContext the server uses."""
+
+    def __init__(self, metadata=()):
+        self.metadata, self.code, self.details = list(metadata), None, None
+
+    def invocation_metadata(self):
+        return self.metadata
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+
+@pytest.fixture(scope="module")
+def failing_server():
+    from deploy.service.server import SpecfleetServer
+
+    server = SpecfleetServer({"policy": "fixed:ngram", "max_padding": 0, "drafters": [{"name": "ngram", "kind": "ngram"}]})
+    server.engine.coordinator = FailingCoordinator()
+    return server
+
+
+def http_request(body: dict) -> Request:
+    payload = json.dumps(body).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
+
+
+@pytest.mark.model
+def test_a_failing_target_is_a_503_over_http(failing_server):
+    body = {"model": failing_server.model_name, "prompt": "Hi", "max_tokens": 4}
+    response = asyncio.run(failing_server.serve_request(http_request(body), chat=False))
+    error = json.loads(response.body)["error"]
+    assert response.status_code == 503 and error["type"] == "service_unavailable_error"
+    assert "RuntimeError" in error["message"] and "retry" in error["message"]
+
+
+@pytest.mark.model
+def test_a_target_failing_mid_stream_ends_the_sse_stream_with_a_503_error_event(failing_server):
+    body = {"model": failing_server.model_name, "prompt": "Hi", "max_tokens": 4, "stream": True}
+
+    async def events():
+        response = await failing_server.serve_request(http_request(body), chat=False)
+        return [chunk async for chunk in response.body_iterator]
+
+    chunks = asyncio.run(events())
+    assert json.loads(chunks[-2][len("data: "):])["error"]["code"] == 503 and chunks[-1] == "data: [DONE]\n\n"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("method", ["Generate", "GenerateStream"])
+def test_a_failing_target_is_unavailable_over_grpc(failing_server, method):
+    from deploy.service.proto import specfleet_pb2 as pb
+
+    context = FakeGrpcContext()
+
+    async def call():
+        if method == "Generate":
+            return await failing_server.Generate(pb.GenerateRequest(prompt="Hi", max_tokens=4), grpc_context=context)
+        return [m async for m in failing_server.GenerateStream(pb.GenerateRequest(prompt="Hi", max_tokens=4),
+                                                               grpc_context=context)]
+
+    if method == "Generate":
+        asyncio.run(call())
+    else:
+        with pytest.raises(Exception):  # Serve sends the status set on the context when this raises
+            asyncio.run(call())
+    assert context.code == grpc.StatusCode.UNAVAILABLE and "retry" in context.details
