@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.errors import InvalidRequestError
 from actors.kv_cache import common_prefix_length, crop_cache
 from actors.proposal import Proposal, SparseDist
-from actors.session import SessionStore
-from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams, warp_probs
+from actors.session import SessionStore
 
 
 @dataclass

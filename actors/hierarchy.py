@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from actors.proposal import Proposal, Proposer
-from actors.session import SessionStore
 from actors.sampling import SamplingParams
+from actors.session import SessionStore
 
 
 class HierarchyProposer:

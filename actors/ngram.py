@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from actors.proposal import Proposal
-from actors.session import SessionStore
 from actors.errors import InvalidRequestError
+from actors.proposal import Proposal
 from actors.sampling import SamplingParams
+from actors.session import SessionStore
 
 
 def lookup_continuation(context: np.ndarray, n: int, k: int) -> np.ndarray:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from actors.errors import InvalidRequestError
 from actors.hf import HFModelProposer
 from actors.hierarchy import HierarchyProposer
 from actors.ngram import NgramProposer
@@ -21,7 +22,6 @@ from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
 from actors.specialists import built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
-from actors.errors import InvalidRequestError
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.errors import InvalidRequestError
 from actors.ngram import matched_lookup
 from actors.proposal import Proposal
-from actors.session import SessionStore
-from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
+from actors.session import SessionStore
 
 SEPARATOR = -1
 

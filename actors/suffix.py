@@ -12,10 +12,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from actors.proposal import Proposal
-from actors.session import SessionStore
 from actors.errors import InvalidRequestError
+from actors.proposal import Proposal
 from actors.sampling import SamplingParams
+from actors.session import SessionStore
 
 
 class _Node:

@@ -16,12 +16,12 @@ actors and removes the placement groups.
 from __future__ import annotations
 
 from actors.models import model_vocab_size
+from cluster.coordinator_actor import COORDINATOR_NAME, start_coordinator_actor
 from cluster.drafter_actor import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
 from cluster.local import NAMESPACE
 from cluster.placement import cluster_gpus, in_bundle, release, reserve
 from cluster.resources import bundle, bundle_indices, drafter_gpus
 from deploy.config import DrafterConfig, ServiceConfig
-from cluster.coordinator_actor import COORDINATOR_NAME, start_coordinator_actor
 
 POOL_GROUP = "specfleet:pool"
 REPLICA_PREFIX = "SERVE_REPLICA::specfleet#SpecfleetServer#"  # Serve's actor names for the target's replicas
@@ -83,7 +83,6 @@ def remove_drafter(name: str, drain_s: float = 30.0) -> None:
     its own placement group. Raises KeyError for an unknown drafter, InvalidRequestError when
     the policy would be left without an arm."""
     import ray
-
     from ray.exceptions import RayTaskError
 
     coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)

@@ -57,8 +57,8 @@ def _load(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters, parse_drafter_names
-    from deploy.spec.engine import SpeculativeEngine
     from actors.sampling import SamplingParams
+    from deploy.spec.engine import SpeculativeEngine
     from policy.registry import DEFAULT_VERIFY, parse_policy
 
     sampling = SamplingParams(
@@ -131,8 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_distill(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
-    from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
     from deploy.spec.target import TargetModel
+    from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
 
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
     out = Path(args.out)
@@ -145,9 +145,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
 def cmd_specialists(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from actors.specialists import specialists_root
+    from deploy.spec.target import TargetModel
     from deploy.specialists.build import build_specialists
     from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
-    from deploy.spec.target import TargetModel
 
     tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
     for task in tasks:

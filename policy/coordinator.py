@@ -40,9 +40,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
-from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, TREE, parse_policy

@@ -41,8 +41,8 @@ from functools import partial
 
 import numpy as np
 
-from actors.no_draft import NO_DRAFT
 from actors.errors import InvalidRequestError
+from actors.no_draft import NO_DRAFT
 from policy.bandit import ArmStats, Bandit
 from policy.exp3 import EXP3
 from policy.fixed import FixedArm

@@ -53,8 +53,8 @@ def plain_text(target, messages: list[dict], max_tokens: int) -> str:
     """What plain greedy target decoding (no drafts) answers: the reference every path must equal."""
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters
-    from deploy.spec.engine import SpeculativeEngine
     from actors.sampling import SamplingParams
+    from deploy.spec.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
     return engine.generate(messages=messages, sampling=SamplingParams(max_tokens=max_tokens)).text

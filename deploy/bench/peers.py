@@ -13,9 +13,9 @@ import time
 
 import torch
 
+from actors.errors import InvalidRequestError
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
-from actors.errors import InvalidRequestError
 from deploy.spec.target import TargetModel
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant")

@@ -14,17 +14,17 @@ import fnmatch
 import time
 from collections.abc import Sequence
 
+from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
+from actors.sampling import SamplingParams
+from deploy.bench.cost_profile import CostProfile
+from deploy.bench.device_costs import DeviceCosts
 from deploy.bench.peers import HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
-from deploy.bench.cost_profile import CostProfile
-from deploy.bench.device_costs import DeviceCosts
 from deploy.spec.engine import MAX_PADDING, SpeculativeEngine
-from actors.errors import InvalidRequestError
-from actors.sampling import SamplingParams
 from deploy.spec.target import TargetModel
 from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
 

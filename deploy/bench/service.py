@@ -17,9 +17,9 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from policy.registry import split_run_policy
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
+from policy.registry import split_run_policy
 
 
 def _free_port() -> int:

@@ -35,8 +35,8 @@ from cluster.local import connect, listening_hosts, shutdown
 from cluster.placement import cluster_gpus
 from cluster.pool import start_pool, stop_pool
 from cluster.resources import target_gpus
-from deploy.service.auth import ApiKeys
 from deploy.config import ServiceConfig
+from deploy.service.auth import ApiKeys
 from deploy.service.front import SpecfleetFront, front_app
 from deploy.service.server import SpecfleetServer
 

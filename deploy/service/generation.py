@@ -19,9 +19,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 
-from deploy.spec.engine import GenerationResult, SpeculativeEngine
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
+from deploy.spec.engine import GenerationResult, SpeculativeEngine
 from deploy.spec.target import TargetModel
 
 logger = logging.getLogger("specfleet")

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import grpc
 
-from deploy.service.auth import AuthenticationError
-from deploy.spec.engine import GenerationResult
 from actors.errors import InvalidRequestError, TargetUnavailableError
+from actors.sampling import SamplingParams
+from deploy.service.auth import AuthenticationError
 from deploy.service.generation import request_field, sampling_for
 from deploy.service.openai_api import spec_metrics, usage
 from deploy.service.proto import specfleet_pb2 as pb
-from actors.sampling import SamplingParams
+from deploy.spec.engine import GenerationResult
 from deploy.spec.target import TargetModel
 
 STATUS_ERRORS = (InvalidRequestError, AuthenticationError, TargetUnavailableError)

@@ -7,7 +7,6 @@ OpenAI's `{"error": {"message", "type", "param", "code"}}` naming the field. Res
 from __future__ import annotations
 
 import json
-
 import re
 import time
 import uuid

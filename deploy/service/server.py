@@ -29,13 +29,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.models import load_causal_lm
 from actors.pool import build_drafters
+from actors.sampling import SamplingParams
+from deploy.config import DrafterConfig, ServiceConfig
 from deploy.service.asgi_bridge import call_asgi
 from deploy.service.auth import ApiKeys, AuthenticationError
-from deploy.config import DrafterConfig, ServiceConfig
-from deploy.spec.engine import SpeculativeEngine
-from actors.errors import InvalidRequestError, TargetUnavailableError
 from deploy.service.generation import Finished, generate, request_field, sampling_for, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
@@ -50,7 +50,7 @@ from deploy.service.openai_api import (
     usage_chunk_body,
     validation_error_body,
 )
-from actors.sampling import SamplingParams
+from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
 from policy.coordinator import Coordinator
 
@@ -82,7 +82,6 @@ class SpecfleetServer:
         self.target = TargetModel(loaded)
         if coordinator == "actor":
             from cluster.coordinator_actor import connect_coordinator
-
             from cluster.placement import actor_name, here
 
             proxy = connect_coordinator()

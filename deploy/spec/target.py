@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
+from actors.errors import InvalidRequestError
 from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
 from deploy.spec.draft_tree import attention_allowed, depths_of
-from actors.errors import InvalidRequestError
 
 CHAT_ROLES = ("system", "user", "assistant")
 

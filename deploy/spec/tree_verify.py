@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from actors.proposal import SparseDist
-from deploy.spec.draft_tree import ROOT, DraftTree
 from actors.sampling import SamplingParams, warp_probs
+from deploy.spec.draft_tree import ROOT, DraftTree
 from deploy.spec.verify import dense_q, draft_overlaps, residual_distribution
 
 

@@ -19,9 +19,9 @@ from actors.models import load_causal_lm, truncate_layers
 from actors.retrieval import TokenDatastore
 from actors.specialists import DATASTORE_FILE, DISTILL_DIR, MANIFEST_FILE, specialists_root
 from deploy.bench.prompts import load_prompts
+from deploy.spec.target import TargetModel
 from deploy.specialists.corpus import Example, load_examples, python_sources, save_examples, target_outputs
 from deploy.specialists.distill import distill
-from deploy.spec.target import TargetModel
 
 TRAIN_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "train"
 CORPUS_FILE = "corpus.jsonl"

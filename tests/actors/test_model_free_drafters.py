@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
+from actors.errors import InvalidRequestError
 from actors.hierarchy import HierarchyProposer
 from actors.ngram import NgramProposer, longest_lookup, lookup_continuation
 from actors.no_draft import NoDraftProposer
-from actors.suffix import SuffixProposer, SuffixTrie
-from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
+from actors.suffix import SuffixProposer, SuffixTrie
 
 GREEDY = SamplingParams()
 

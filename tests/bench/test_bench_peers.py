@@ -2,10 +2,10 @@
 ours), the assistant peer included when a draft model is configured."""
 import pytest
 
-from deploy.bench import BenchPrompt, make_engine
-from deploy.bench.peers import HFPeer
 from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
+from deploy.bench import BenchPrompt, make_engine
+from deploy.bench.peers import HFPeer
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model

@@ -2,9 +2,9 @@
 losslessness, the oracle, the summary, run names and their errors (no model, no Ray)."""
 import pytest
 
+from actors.errors import InvalidRequestError
 from deploy.bench import BenchPrompt, Sample, expand_runs, parse_concurrency, render_table
 from deploy.bench.report import is_multi_draft, oracle_row, run_row, summarize
-from actors.errors import InvalidRequestError
 
 PROMPTS = [BenchPrompt("c1", "code", prompt="a"), BenchPrompt("c2", "code", prompt="b"),
            BenchPrompt("t1", "translation", prompt="c")]

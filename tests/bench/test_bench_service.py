@@ -2,10 +2,10 @@
 came back concurrently equals plain decoding, and the row reports throughput and latencies."""
 import pytest
 
+from actors.sampling import SamplingParams
 from deploy.bench import BenchPrompt, Sample, make_engine
 from deploy.bench.report import run_row
 from deploy.bench.service import ServiceRun
-from actors.sampling import SamplingParams
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MAX_TOKENS = 24

@@ -5,9 +5,9 @@ import pickle
 import pytest
 from pydantic import ValidationError
 
-from deploy.service.auth import ApiKeys, AuthenticationError
-from deploy.config import ServiceConfig
 from actors.errors import InvalidRequestError
+from deploy.config import ServiceConfig
+from deploy.service.auth import ApiKeys, AuthenticationError
 
 KEY = "sk-live-0123456789abcdef"
 

@@ -1,13 +1,13 @@
 """Bad requests and configurations raise InvalidRequestError naming the field; nothing breaks."""
 import pytest
 
+from actors.errors import InvalidRequestError
 from actors.hf import HFModelProposer
 from actors.models import load_causal_lm
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
-from deploy.spec.engine import SpeculativeEngine
-from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
+from deploy.spec.engine import SpeculativeEngine
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.model

@@ -9,9 +9,9 @@ import pytest
 from starlette.requests import Request
 
 from actors.pool import build_drafters
-from deploy.spec.engine import SpeculativeEngine
-from deploy.service.generation import Finished, StopHoldback, stream
 from actors.sampling import SamplingParams
+from deploy.service.generation import Finished, StopHoldback, stream
+from deploy.spec.engine import SpeculativeEngine
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 

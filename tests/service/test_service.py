@@ -10,8 +10,8 @@ import pytest
 
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
-from deploy.spec.engine import SpeculativeEngine
 from actors.sampling import SamplingParams
+from deploy.spec.engine import SpeculativeEngine
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MODEL = "smollm2-135m"
@@ -127,8 +127,8 @@ def test_metrics_count_drafts_per_drafter(service, client):
 def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, client):
     import ray
 
-    from cluster.drafter_actor import DRAFTER_PREFIX
     from cluster.coordinator_actor import COORDINATOR_NAME
+    from cluster.drafter_actor import DRAFTER_PREFIX
 
     client.completions.create(model=MODEL, prompt="Repeat after me: red green blue. red green blue. red green",
                               max_tokens=24, temperature=0)

@@ -24,8 +24,8 @@ def ask(service) -> str:
 def coordinator():
     import ray
 
-    from cluster.local import NAMESPACE
     from cluster.coordinator_actor import COORDINATOR_NAME
+    from cluster.local import NAMESPACE
 
     return ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
 

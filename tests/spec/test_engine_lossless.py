@@ -4,10 +4,10 @@ import pytest
 
 from actors.hf import HFModelProposer
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposal
 from actors.pool import build_drafters
-from deploy.spec.engine import SpeculativeEngine
+from actors.proposal import Proposal
 from actors.sampling import SamplingParams
+from deploy.spec.engine import SpeculativeEngine
 from policy.registry import BASE_POLICY_NAMES
 from tests.conftest import CHAT_PROMPTS
 

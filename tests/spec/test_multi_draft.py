@@ -10,9 +10,9 @@ import deploy.spec.tree_verify as tree_verify_module
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import SparseDist
+from actors.sampling import SamplingParams
 from deploy.spec.draft_tree import ROOT, DraftTree, attention_allowed
 from deploy.spec.engine import SpeculativeEngine
-from actors.sampling import SamplingParams
 from deploy.spec.tree_verify import per_draft_outcome, recursive_rejection, verify_tree
 from tests.conftest import CHAT_PROMPTS
 

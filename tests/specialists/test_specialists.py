@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.retrieval import SEPARATOR, RetrievalProposer, TokenDatastore
 from actors.errors import InvalidRequestError
+from actors.retrieval import SEPARATOR, RetrievalProposer, TokenDatastore
 from actors.sampling import SamplingParams
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prompts"
@@ -179,10 +179,10 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
 
 
 def test_the_specialist_pool_joins_the_service_config_and_a_drafter_actor_builds_it(tmp_path, monkeypatch):
-    from cluster.drafter_actor import DrafterActor, DrafterSpec
     from actors.specialists import specialists_root
-    from deploy.service.app import with_pool
+    from cluster.drafter_actor import DrafterActor, DrafterSpec
     from deploy.config import ServiceConfig
+    from deploy.service.app import with_pool
 
     monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
     TokenDatastore.build([[5, 6, 7, 8, 9]], depth=4).save(specialists_root() / "tiny" / "datastore.npz")
