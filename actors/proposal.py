@@ -63,3 +63,8 @@ class Proposer(Protocol):
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         """The request is over: see the last tokens, learn if the drafter learns, free the session."""
         ...
+
+
+def is_model_free(drafter: object) -> bool:
+    """Whether a drafter says it runs no model (drafts for free); one that does not say is a model."""
+    return getattr(drafter, "model_free", False) is True

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from actors.proposal import Proposal
+from actors.proposal import Proposal, is_model_free
 from actors.sampling import SamplingParams
 
 DRAFTER_PREFIX = "specfleet:drafter:"
@@ -48,7 +48,7 @@ class DrafterActor:
         self.proposer.release(session, context_delta)
 
     def model_free(self) -> bool:
-        return getattr(self.proposer, "model_free", False) is True
+        return is_model_free(self.proposer)
 
     def placement(self) -> dict:
         from cluster.placement import here

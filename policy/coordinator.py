@@ -40,9 +40,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposal, Proposer
+from actors.proposal import Proposal, Proposer, is_model_free
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, TREE, parse_policy
@@ -124,7 +123,7 @@ class Coordinator:
         self.drafter_stats: dict[str, DrafterStats] = {name: DrafterStats() for name in self.drafters}
         self.requests: dict[str, _Request] = {}
         self._rng = np.random.default_rng(seed)
-        self.model_free = {name for name, d in self.drafters.items() if getattr(d, "model_free", False) is True}
+        self.model_free = {name for name, d in self.drafters.items() if is_model_free(d)}
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -259,7 +258,7 @@ class Coordinator:
             spec = parse_policy(self.spec.name, [*self.drafters, name], self.spec.verify)
             self.drafters[name] = drafter
             self.spec = spec
-            if getattr(drafter, "model_free", False) is True:  # a Ray actor handle says so when asked (below)
+            if is_model_free(drafter):  # a Ray actor handle says so when asked (cluster/coordinator_actor.py)
                 self.model_free.add(name)
             self.drafter_stats.setdefault(name, DrafterStats())  # a drafter rejoining keeps its statistics
             if name in spec.arms:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
+from actors.proposal import is_model_free
 from actors.sampling import SamplingParams
 from deploy.bench.cost_profile import CostProfile
 from deploy.bench.device_costs import DeviceCosts
@@ -24,7 +25,8 @@ from deploy.bench.peers import HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
-from deploy.spec.engine import MAX_PADDING, SpeculativeEngine
+from deploy.spec.cost_model import max_positions
+from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
 from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
 
@@ -89,8 +91,7 @@ def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, 
         policy, verify = split_run_policy(run.removeprefix("policy:"))
     costs = None
     if device is not None:
-        model_free = [name for name, drafter in pool.items() if getattr(drafter, "model_free", False) is True]
-        costs = DeviceCosts(device, target, k + 1 + MAX_PADDING, model_free)
+        costs = DeviceCosts(device, target, max_positions(k), [name for name, d in pool.items() if is_model_free(d)])
     return SpeculativeEngine(target, pool, policy=policy, k=k, cut_drafts=cut_drafts, verify=verify, costs=costs)
 
 

@@ -21,6 +21,13 @@ from collections.abc import Sequence
 from deploy.spec.target import TargetModel
 from policy.coordinator import DraftRound
 
+MAX_PADDING = 4  # throwaway positions a forward may be padded with when a larger size is cheaper
+
+
+def max_positions(k: int, max_padding: int = MAX_PADDING) -> int:
+    """The largest forward an engine drafting at most k tokens runs: last token, draft, padding."""
+    return k + 1 + max_padding
+
 
 class ForwardCosts:
     def __init__(self, target: TargetModel | None, max_positions: int, max_padding: int) -> None:

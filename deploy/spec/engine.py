@@ -40,7 +40,7 @@ from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
 from actors.sampling import SamplingParams, warp_probs
-from deploy.spec.cost_model import ForwardCosts
+from deploy.spec.cost_model import MAX_PADDING, ForwardCosts, max_positions
 from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
 from deploy.spec.draft_length import DraftLengths
 from deploy.spec.draft_tree import ROOT, DraftTree
@@ -52,7 +52,6 @@ from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 from policy.reward import BD, COST, round_reward
 
 MAX_K = 32
-MAX_PADDING = 4  # throwaway positions a forward may be padded with when a larger size is cheaper
 PLAIN_DRAFT = Proposal(drafter=NO_DRAFT)  # an empty draft: a plain step
 
 
@@ -198,7 +197,7 @@ class SpeculativeEngine:
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
-        self.costs = costs or ForwardCosts(None if only_plain else target, k + 1 + max_padding, max_padding)
+        self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         # how many of each draft's tokens to verify, learned from the verifications (deploy/spec/draft_length.py)
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
@@ -278,7 +277,7 @@ class SpeculativeEngine:
             return round_
         cut = replace(round_, proposals=tuple(map(self.draft_lengths.cut, round_.proposals)),
                       shadows=tuple(map(self.draft_lengths.cut, round_.shadows)))
-        if not round_.tree or len(cut.proposals) > 1 or not cut.shadows:
+        if not round_.tree or not cut.shadows:
             return cut
         chosen = cut.proposals  # none when the chosen model drafter sat the round out
         rated = [(self.draft_lengths.rate(p), p) for p in (*chosen, *cut.shadows)]  # each draft rated once

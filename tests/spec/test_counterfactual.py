@@ -13,7 +13,7 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import Proposal
 from actors.sampling import SamplingParams
-from deploy.spec.cost_model import ForwardCosts
+from deploy.spec.cost_model import ForwardCosts, max_positions
 from deploy.spec.counterfactual import CounterfactualScorer
 from deploy.spec.engine import SpeculativeEngine
 from policy.bandit import ArmStats
@@ -128,7 +128,7 @@ def run_scripted(target, verify: str):
     prompt = target.encode(messages=CHAT_PROMPTS[1])
     plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").run(prompt, greedy)
     scripted = ScriptedCoordinator(prompt + plain.token_ids, target.vocab_size, verify)
-    engine = SpeculativeEngine(target, coordinator=scripted, k=4, costs=FixedCosts(4 + 1 + 4))
+    engine = SpeculativeEngine(target, coordinator=scripted, k=4, costs=FixedCosts(max_positions(4)))
     result = engine.run(prompt, greedy)
     assert result.token_ids == plain.token_ids
     return result, plain, scripted
@@ -160,11 +160,10 @@ def engine_with_three_drafts(target, tmp_path, chain: dict[str, float]):
 
     from deploy.bench.cost_profile import CostProfile
     from deploy.bench.device_costs import DeviceCosts
-    from deploy.spec.engine import MAX_PADDING
 
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": chain}))
-    costs = DeviceCosts(CostProfile.load(path), target, 7 + 1 + MAX_PADDING, model_free=["ngram", "suffix", "retrieval"])
+    costs = DeviceCosts(CostProfile.load(path), target, max_positions(7), model_free=["ngram", "suffix", "retrieval"])
     engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix"]), verify="tree", costs=costs)
     first, second, wrong = Proposal("ngram", (1, 2, 3)), Proposal("suffix", (1, 5, 6)), Proposal("retrieval", (7, 8, 9))
     for accepted in (1, 3) * 20:

@@ -130,9 +130,10 @@ def test_an_engine_deciding_as_on_a_flat_cost_device_stays_lossless_and_scales_o
         target, early_exit_drafter_model, plain, tmp_path):
     import json
 
+    from actors.proposal import is_model_free
     from deploy.bench.cost_profile import CostProfile
     from deploy.bench.device_costs import DeviceCosts
-    from deploy.spec.engine import MAX_PADDING
+    from deploy.spec.cost_model import max_positions
 
     path = tmp_path / "flat.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.0}}))
@@ -140,8 +141,7 @@ def test_an_engine_deciding_as_on_a_flat_cost_device_stays_lossless_and_scales_o
 
     def engine(drafter: str) -> SpeculativeEngine:
         drafters = build_drafters([drafter], early_exit_drafter_model, target.vocab_size)
-        model_free = [n for n, d in drafters.items() if getattr(d, "model_free", False) is True]
-        costs = DeviceCosts(device, target, 7 + 1 + MAX_PADDING, model_free)
+        costs = DeviceCosts(device, target, max_positions(7), [n for n, d in drafters.items() if is_model_free(d)])
         return SpeculativeEngine(target, drafters, policy=f"fixed:{drafter}", costs=costs)
 
     model = engine("hf")

@@ -160,12 +160,12 @@ def test_node_cut_trees_on_a_flat_cost_device_reproduce_plain_greedy_decoding(ta
 
     from deploy.bench.cost_profile import CostProfile
     from deploy.bench.device_costs import DeviceCosts
-    from deploy.spec.engine import MAX_PADDING
+    from deploy.spec.cost_model import max_positions
 
     path = tmp_path / "flat.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.05}}))
     pool = build_drafters(["ngram", "suffix", "hierarchy", NO_DRAFT])
-    costs = DeviceCosts(CostProfile.load(path), target, 7 + 1 + MAX_PADDING, model_free=list(pool))
+    costs = DeviceCosts(CostProfile.load(path), target, max_positions(7), model_free=list(pool))
     engine = SpeculativeEngine(target, pool, policy="metasd-ucb-cost-warm", verify="tree", costs=costs)
     multi_rounds = 0
     for index in (0, 2, 0):  # prompt 0 again: the suffix cache then drafts its whole answer
