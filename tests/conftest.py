@@ -96,13 +96,19 @@ def service(tmp_path_factory):
     """The Ray service (drafter actors, coordinator actor, Serve app `specfleet`) with HTTP and
     gRPC, its API key read from a key file named in the config, its admin token from the environment. Started once (Ray + Serve cost
     ~40-60 s on 2 cores); tests/service/test_service*.py share it."""
-    from deploy.service.app import start_local_service, stop_local_service
+    from deploy.cli import build_parser
+    from deploy.serve_flags import apply_flags
+    from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
 
     api_key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     key_file = tmp_path_factory.mktemp("keys") / "api_keys"
     key_file.write_text(f"# specfleet test key\n{api_key}\n")
-    args = {"policy": "metasd-ucb-cost", "verify": "tree", "k": 7, "api_key_file": str(key_file), "draft_timeout_s": 2.0, "request_ttl_s": 15.0,
-            "drafters": [{"name": n, "kind": n} for n in ("ngram", "suffix", "hierarchy", "none")]}
+    # the app's args as `specfleet serve` builds them: the shipped config with these flags written over it
+    flags = build_parser().parse_args([
+        "serve", "smollm2-135m", "--drafters", "ngram,suffix,hierarchy,none", "--policy", "metasd-ucb-cost",
+        "--verify", "tree", "--k", "7", "--api-key-file", str(key_file), "--draft-timeout-s", "2",
+        "--request-ttl-s", "15"])
+    args = apply_flags(load_serve_config(DEFAULT_CONFIG)[0], flags)
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment
         env.delenv("SPECFLEET_API_KEYS", raising=False)
@@ -116,3 +122,11 @@ def service(tmp_path_factory):
             raise
     yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key, admin_token)
     stop_local_service(args)
+
+
+@pytest.fixture(scope="session")
+def client(service):
+    """The official `openai` client on the shared service, with its API key."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{service.url}/v1", api_key=service.api_key, max_retries=0, timeout=300)

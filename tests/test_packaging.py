@@ -1,5 +1,6 @@
-"""Packaging: a non-editable install of the project works on its own, and the dependencies are
-declared as the code imports them.
+"""Packaging: a non-editable install of the project works on its own, the dependencies are
+declared as the code imports them, and constraints.txt pins one tested set inside pyproject.toml's
+ranges, the one this venv has.
 
 The install test builds the wheel from a copy of the source tree (without the generated gRPC
 stubs, which the build must generate) as `pip install .` does, with the dev venv's setuptools and
@@ -25,6 +26,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "policy", "cluster", "deploy")
@@ -199,7 +204,135 @@ def test_dependencies_are_declared_as_imported():
     transformers_dir = Path(importlib.util.find_spec("transformers").origin).parent
     assert "accelerate is required when loading a GGUF file" in (transformers_dir / "modeling_utils.py").read_text()
     assert "from gguf import" in (transformers_dir / "modeling_gguf_pytorch_utils.py").read_text()
-    # the build requirements pin grpcio-tools as grpcio is pinned (the stubs check the grpcio version)
-    build_requires = pyproject["build-system"]["requires"]
-    grpcio = next(r for r in project["dependencies"] if name(r) == "grpcio").split("==")[1]
-    assert f"grpcio-tools=={grpcio}" in build_requires
+
+
+# constraints.txt: the tested versions, inside pyproject.toml's ranges
+
+def _pins() -> dict[str, Version]:
+    """constraints.txt -> {distribution: the version it pins}."""
+    pins: dict[str, Version] = {}
+    for number, line in enumerate((REPO / "constraints.txt").read_text().splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        (specifier,) = requirement.specifier or [None]
+        assert specifier is not None and specifier.operator == "==" and not requirement.extras and not requirement.marker, \
+            f"constraints.txt:{number}: {line!r} is not a plain `name==version` pin"
+        dist = canonicalize_name(requirement.name)
+        assert dist not in pins, f"constraints.txt:{number}: {dist} pinned twice"
+        pins[dist] = Version(specifier.version)
+    return pins
+
+
+def _declared() -> dict[str, list[Requirement]]:
+    """-> {where: requirements}: the dependencies, each extra and the build requirements (not the
+    extras' references to specfleet itself)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    groups = {"dependencies": project["dependencies"], "build-system.requires": pyproject["build-system"]["requires"]}
+    groups.update({f"extra {extra}": reqs for extra, reqs in project["optional-dependencies"].items()})
+    return {where: [r for r in map(Requirement, reqs) if canonicalize_name(r.name) != "specfleet"]
+            for where, reqs in groups.items()}
+
+
+def _range(requirements: list[Requirement], dist: str) -> SpecifierSet:
+    (requirement,) = [r for r in requirements if canonicalize_name(r.name) == dist]
+    return requirement.specifier
+
+
+def test_constraints_txt_pins_every_dependency_extra_and_build_requirement():
+    pins = _pins()
+    for where, requirements in _declared().items():
+        missing = sorted(r.name for r in requirements if canonicalize_name(r.name) not in pins)
+        assert not missing, f"{where} in pyproject.toml, not pinned in constraints.txt: {missing}"
+
+
+def test_each_pinned_version_lies_in_its_pyproject_range():
+    pins = _pins()
+    for where, requirements in _declared().items():
+        for requirement in requirements:
+            pinned = pins.get(canonicalize_name(requirement.name))
+            assert pinned is None or requirement.specifier.contains(pinned, prereleases=True), \
+                f"constraints.txt pins {requirement.name}=={pinned}, outside the range in {where}: {requirement}"
+
+
+def test_every_requirement_is_a_bounded_range_but_the_builds_exact_grpcio_tools():
+    for where, requirements in _declared().items():
+        for requirement in requirements:
+            operators = {s.operator for s in requirement.specifier}
+            if operators == {"=="}:  # an exact pin: only grpcio-tools as a build requirement (below)
+                assert (where, canonicalize_name(requirement.name)) == ("build-system.requires", "grpcio-tools"), requirement
+                continue
+            assert {">=", "<"} <= operators, f"{where}: {requirement} is not a range `>=tested,<next`"
+
+
+def test_the_pins_cover_and_satisfy_everything_the_dependencies_pull_in():
+    """From pyproject.toml's requirements down through the installed distributions' own: each one
+    is pinned, at a version that every requirement on it accepts."""
+    pins, unpinned, refused = _pins(), set(), []
+    todo = [("pyproject.toml", r) for requirements in _declared().values() for r in requirements]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        needed_by, requirement = todo.pop()
+        dist = canonicalize_name(requirement.name)
+        if dist not in pins:
+            unpinned.add(f"{dist} (for {needed_by})")
+            continue
+        if not requirement.specifier.contains(pins[dist], prereleases=True):
+            refused.append(f"{needed_by} needs {requirement}, constraints.txt pins {pins[dist]}")
+        if (dist, frozenset(requirement.extras)) in seen:
+            continue
+        seen.add((dist, frozenset(requirement.extras)))
+        for line in importlib.metadata.requires(dist) or []:
+            sub = Requirement(line)
+            if not sub.marker or any(sub.marker.evaluate({"extra": e}) for e in requirement.extras or {""}):
+                todo.append((dist, sub))
+    assert not unpinned, f"pulled in, not pinned in constraints.txt: {sorted(unpinned)}"
+    assert not refused, refused
+
+
+def test_this_venv_has_the_pinned_versions_of_the_direct_dependencies():
+    pins, differ = _pins(), []
+    for requirements in _declared().values():
+        for requirement in requirements:
+            dist = canonicalize_name(requirement.name)
+            if dist not in pins:  # the test above says which
+                continue
+            installed = importlib.metadata.version(dist)
+            # `==2.13.0` accepts torch's 2.13.0+cpu, as pip's -c does
+            if not SpecifierSet(f"=={pins[dist]}").contains(installed, prereleases=True):
+                differ.append(f"{dist} {installed} installed, constraints.txt pins {pins[dist]}")
+    assert not differ, f"{differ}: run `make install`"
+
+
+def test_the_build_makes_stubs_that_the_grpcio_and_protobuf_ranges_accept():
+    """Generated stubs refuse a grpcio older than the grpcio-tools that generated them, and a protobuf
+    runtime of another major or older than their gencode (grpcio-tools' own protobuf range)."""
+    declared = _declared()
+    (tools,) = _range(declared["build-system.requires"], "grpcio-tools")
+    grpcio = _range(declared["dependencies"], "grpcio")
+    assert tools.operator == "==" and f">={tools.version}" in {str(s) for s in grpcio}, (tools, grpcio)
+    assert _pins()["grpcio-tools"] == Version(tools.version), "the venv's grpcio-tools is the build's"
+    assert _range(declared["extra build"], "grpcio-tools").contains(tools.version)
+
+    # grpcio-tools' own protobuf range, read from this venv's grpcio-tools: the build's version, as
+    # constraints.txt pins it and the venv is checked against it
+    gencode = next(Requirement(r).specifier for r in importlib.metadata.requires("grpcio-tools")
+                   if canonicalize_name(Requirement(r).name) == "protobuf")
+    protobuf = _range(declared["dependencies"], "protobuf")
+    lowest = Version(next(s.version for s in protobuf if s.operator == ">="))
+    below = Version(next(s.version for s in protobuf if s.operator == "<"))
+    assert gencode.contains(lowest), f"protobuf {protobuf}: its lowest version is outside grpcio-tools' {gencode}"
+    assert all(s.operator != "<" or Version(s.version) >= below for s in gencode), \
+        f"protobuf {protobuf} reaches beyond grpcio-tools' {gencode}"
+
+
+def test_make_install_installs_with_the_constraints():
+    makefile = (REPO / "Makefile").read_text()
+    rule = makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    assert "constraints.txt" in rule.splitlines()[0].split(), "the install stamp must depend on constraints.txt"
+    installs = [line.strip() for line in rule.splitlines() if "$(PIP) install" in line and "--upgrade pip" not in line]
+    assert installs and installs[0].endswith(" torch"), installs  # torch first (the CPU build)
+    unconstrained = [line for line in installs if "-c constraints.txt" not in line and "--no-deps" not in line]
+    assert not unconstrained, unconstrained

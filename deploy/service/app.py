@@ -121,9 +121,9 @@ def with_pool(args: dict, pool: str) -> dict:
     return args | {"drafters": drafters + [{"name": n, "kind": n} for n in extra if n not in present]}
 
 
-def serve_forever(config_path: str | Path = DEFAULT_CONFIG, host: str = "127.0.0.1", port: int = 8000,
+def serve_forever(args: dict, host: str = "127.0.0.1", port: int = 8000,
                   grpc_port: int = DEFAULT_GRPC_PORT, pool: str = "default") -> None:
-    args, _ = load_serve_config(config_path)
+    """`args`: the application's args (load_serve_config's, with `specfleet serve`'s flags written over)."""
     args = with_pool(args, pool)
     config = ServiceConfig.model_validate(args)
     ApiKeys.resolve(os.environ, config.api_key_file)  # a bad key setting stops here, before Ray starts
@@ -132,8 +132,9 @@ def serve_forever(config_path: str | Path = DEFAULT_CONFIG, host: str = "127.0.0
         signal.signal(sig, lambda *_: stop.set())
     try:
         url = start_local_service(args, host, port, grpc_port)
+        drafters = ",".join(d.name for d in config.drafters)
         print(f"specfleet: serving {config.model_name} on {url}/v1 and gRPC 127.0.0.1:{grpc_port} "
-              f"(Ctrl-C to stop)", flush=True)
+              f"(policy {config.policy}, verify {config.verify}, drafters {drafters}; Ctrl-C to stop)", flush=True)
         stop.wait()
     finally:
         stop_local_service(args)

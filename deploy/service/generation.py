@@ -9,12 +9,16 @@
   could still become a stop string and an incomplete UTF-8 character, and cuts at a stop string.
 - An engine failure other than bad input becomes `TargetUnavailableError` (the cause is chained
   and logged here, not put in the message).
+- `TrackedEngine(engine, metrics)`: the engine as one generation sees it; it counts the request
+  waiting (accepted, no worker thread yet), then running, on the replica's gauges, and a request
+  abandoned before its thread starts (`close()`) never generates.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
@@ -48,6 +52,7 @@ def sampling_for(
     top_k: int | None = None,
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     """None means "not given": max_tokens then fills the context up to the service default."""
     if max_tokens is None:
@@ -59,6 +64,7 @@ def sampling_for(
         top_k=top_k or 0,
         seed=seed,
         stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+        logprobs=logprobs,
     )
     target.check_length(len(prompt_ids), sampling.max_tokens)
     return sampling
@@ -89,6 +95,39 @@ class StopHoldback:
         return piece
 
 
+class AbandonedError(RuntimeError):
+    """The request was closed before its generation started; nobody waits for its result."""
+
+
+class TrackedEngine:
+    """One generation's view of the engine (`run`, `target`), keeping the request gauges true."""
+
+    def __init__(self, engine: SpeculativeEngine, metrics) -> None:  # metrics: deploy.service.metrics.ServiceMetrics
+        self.engine, self.target, self.metrics = engine, engine.target, metrics
+        self._lock = threading.Lock()
+        self._started = self._closed = False
+        metrics.request_waiting()
+
+    def run(self, *args, **kwargs) -> GenerationResult:  # in a worker thread
+        with self._lock:
+            if self._closed:
+                raise AbandonedError("closed before it started")
+            self._started = True
+            self.metrics.request_started()
+        try:
+            return self.engine.run(*args, **kwargs)
+        finally:
+            self.metrics.request_finished()
+
+    def close(self) -> None:
+        """The request's coroutine is done (answered, failed or cancelled): a generation not yet
+        started never will be."""
+        with self._lock:
+            if not self._started and not self._closed:
+                self.metrics.request_finished(started=False)
+            self._closed = True
+
+
 @dataclass(frozen=True)
 class Finished:
     result: GenerationResult
@@ -106,13 +145,13 @@ async def _engine_result(run: Awaitable[GenerationResult]) -> GenerationResult:
         raise TargetUnavailableError(f"the target failed to generate ({type(err).__name__}); retry later") from err
 
 
-async def generate(engine: SpeculativeEngine, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
+async def generate(engine: SpeculativeEngine | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
     start = time.perf_counter()
     result = await _engine_result(asyncio.to_thread(engine.run, prompt_ids, sampling))
     return Finished(result, None, time.perf_counter() - start)
 
 
-async def stream(engine: SpeculativeEngine, prompt_ids: list[int], sampling: SamplingParams
+async def stream(engine: SpeculativeEngine | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams
                  ) -> AsyncIterator[str | Finished]:
     """Text pieces as rounds finish, then one Finished (whose result.text they add up to)."""
     loop = asyncio.get_running_loop()

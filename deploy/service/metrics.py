@@ -3,11 +3,15 @@
 `ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request; `render()` returns the
 Prometheus text exposition. Each replica has its own registry; nothing secret is ever a label.
 A multi-draft round's `drafter` label joins its drafters with '+' (its drafted tokens are a tree's
-nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them.
+nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them. `target_forwards_total`
+counts verification forwards (one per round; the prompt's prefill is not counted), so
+generation_tokens / target_forwards is tokens per forward. The request gauges move with
+`request_waiting()` (accepted), `request_started()` (generating) and `request_finished()`;
+they are safe to call from any thread. deploy/grafana/specfleet-dashboard.json queries these names.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from deploy.spec.engine import GenerationResult
 
@@ -35,6 +39,26 @@ class ServiceMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("specfleet:e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specfleet:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("specfleet:generation_tokens", "Generated tokens", registry=r)
+        self.target_forwards = Counter("specfleet:target_forwards",
+                                       "Target verification forwards (one per round; prefill not counted)", registry=r)
+        self.request_success = Counter("specfleet:request_success", "Finished requests", ["finished_reason"],
+                                       registry=r)
+        self.running = Gauge("specfleet:num_requests_running", "Requests generating on this replica", registry=r)
+        self.waiting = Gauge("specfleet:num_requests_waiting", "Requests accepted by this replica, not yet generating",
+                             registry=r)
+
+    def request_waiting(self) -> None:
+        self.waiting.inc()
+
+    def request_started(self) -> None:
+        self.waiting.dec()
+        self.running.inc()
+
+    def request_finished(self, started: bool = True) -> None:
+        """A request left the replica (done, failed or cancelled); `started=False` when it never generated."""
+        (self.running if started else self.waiting).dec()
 
     def observe(self, result: GenerationResult, ttft_s: float | None, e2e_s: float) -> None:
         for r in result.rounds:
@@ -49,6 +73,10 @@ class ServiceMetrics:
                 self.accepted.labels(r.drafter).inc(r.accepted)
                 for position in range(r.accepted):
                     self.accepted_per_pos.labels(r.drafter, str(position)).inc()
+        self.prompt_tokens.inc(result.prompt_tokens)
+        self.generation_tokens.inc(len(result.token_ids))
+        self.target_forwards.inc(len(result.rounds))
+        self.request_success.labels(result.finish_reason).inc()
         if ttft_s is not None:
             self.ttft.observe(ttft_s)
         self.e2e.observe(e2e_s)

@@ -9,8 +9,11 @@ service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the 
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Generation runs in worker
 threads, one KV cache per request, so concurrent requests never share state; both fronts share
 request validation, streaming (deploy/service/generation.py) and the API-key check (deploy/service/auth.py).
-Bad input gets OpenAI-style JSON errors (400 naming the field, 404 for an unknown model, 413 for
-a body over the config's `max_request_bytes`) or
+A list of prompts (completions) gets one choice each, generated side by side; `logprobs` come
+from the verification forwards (deploy/spec/logprobs.py); fields nothing acts on are refused or
+named in the `specfleet-ignored-fields` header (deploy/service/openai_api.py).
+Bad input gets OpenAI-style JSON errors (400 naming the field, 404 `model_not_found` for an
+unknown model, 413 for a body over the config's `max_request_bytes`) or
 INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAUTHENTICATED on
 /v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
 On the Ray service the replica is reached through the front deployment (deploy/service/front.py): its
@@ -36,17 +39,21 @@ from actors.sampling import SamplingParams
 from deploy.config import DrafterConfig, ServiceConfig
 from deploy.service.asgi_bridge import call_asgi
 from deploy.service.auth import ApiKeys, AuthenticationError
-from deploy.service.generation import Finished, generate, request_field, sampling_for, stream
+from deploy.service.generation import Finished, TrackedEngine, generate, request_field, sampling_for, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
+    IGNORED_FIELDS_HEADER,
+    MAX_PROMPTS,
     ChatCompletionRequest,
     CompletionRequest,
     chunk_body,
     completion_body,
     error_body,
+    ignored_fields,
     new_id,
     sse_event,
     too_large_body,
+    unsupported_field,
     usage_chunk_body,
     validation_error_body,
 )
@@ -57,8 +64,9 @@ from policy.coordinator import Coordinator
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
 
 
-def _error(message: str, param: str | None, status: int, error_type: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(error_body(message, param, status, error_type), status_code=status)
+def _error(message: str, param: str | None, status: int, error_type: str = "invalid_request_error",
+           code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, param, status, error_type, code), status_code=status)
 
 
 def _unavailable(err: TargetUnavailableError) -> dict:
@@ -103,13 +111,28 @@ class SpecfleetServer:
         with self._metrics_lock:
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
+        tracked = TrackedEngine(self.engine, self.metrics)
+        try:
+            return await generate(tracked, prompt_ids, sampling)
+        finally:
+            tracked.close()
+
+    async def _stream_one(self, prompt_ids: list[int], sampling: SamplingParams):
+        tracked = TrackedEngine(self.engine, self.metrics)
+        try:
+            async for item in stream(tracked, prompt_ids, sampling):
+                yield item
+        finally:
+            tracked.close()
+
     def _observe(self, done: Finished) -> None:
         with self._metrics_lock:
             self.metrics.observe(done.result, done.ttft_s, done.e2e_s)
 
     # ---- HTTP ------------------------------------------------------------------------------
     def _parse(self, body: object, chat: bool):
-        """-> (request, prompt_ids, sampling) or a JSONResponse error."""
+        """-> (request, [(prompt_ids, sampling)] one per choice, ignored field names) or a JSONResponse error."""
         if not isinstance(body, dict):
             return _error("the request body must be a JSON object", None, 400)
         try:
@@ -117,26 +140,44 @@ class SpecfleetServer:
         except ValidationError as err:
             return JSONResponse(validation_error_body(err), status_code=400)
         if req.model != self.model_name:
-            return _error(f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                          "model", 404, "model_not_found")
+            return _error(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                          "model", 404, code="model_not_found")
         if req.n != 1:
-            return _error("only n = 1 is supported", "n", 400)
+            return _error("only n = 1 is supported (send the request n times, with different seeds)", "n", 400)
         if req.best_of not in (None, 1):
             return _error("only best_of = 1 is supported", "best_of", 400)
-        try:
-            if chat:
-                prompt_ids = self.target.encode(messages=[m.model_dump() for m in req.messages])
-            elif isinstance(req.prompt, str):
-                prompt_ids = self.target.encode(prompt=req.prompt)
-            else:
-                prompt_ids = self.target.encode(token_ids=req.prompt)
-            max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
-            sampling = sampling_for(self.target, self.config.sampling, prompt_ids, max_tokens=max_tokens,
-                                    temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-                                    stop=req.stop)
-        except InvalidRequestError as err:
-            return _error(str(err), request_field(err.field, chat), 400)
-        return req, prompt_ids, sampling
+        if unsupported := unsupported_field(body):
+            return _error(unsupported[1], unsupported[0], 400)
+        if chat and req.top_logprobs and not req.logprobs:
+            return _error("top_logprobs needs logprobs: true", "top_logprobs", 400)
+        if req.stream and req.logprobs_wanted is not None:
+            return _error("logprobs are returned with non-streamed responses only", "logprobs", 400)
+        prompts = [None] if chat else req.prompts
+        if len(prompts) > MAX_PROMPTS:
+            return _error(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", "prompt", 400)
+        max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+        parsed = []
+        for index, prompt in enumerate(prompts):
+            try:
+                if chat:
+                    prompt_ids = self.target.encode(messages=[m.as_dict() for m in req.messages])
+                elif isinstance(prompt, str):
+                    prompt_ids = self.target.encode(prompt=prompt)
+                else:
+                    prompt_ids = self.target.encode(token_ids=prompt)
+                sampling = sampling_for(self.target, self.config.sampling, prompt_ids, max_tokens=max_tokens,
+                                        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                                        stop=req.stop, logprobs=req.logprobs_wanted)
+            except InvalidRequestError as err:
+                field = request_field(err.field, chat)
+                if field == "prompt" and len(prompts) > 1:
+                    field = f"prompt.{index}"
+                return _error(str(err).replace(err.field, field, 1), field, 400)
+            parsed.append((prompt_ids, sampling))
+        return req, parsed, ignored_fields(req)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.target.decode([token_id])
 
     async def serve_request(self, request: Request, chat: bool) -> Response:
         limit = self.config.max_request_bytes
@@ -151,39 +192,65 @@ class SpecfleetServer:
         parsed = self._parse(body, chat)
         if isinstance(parsed, Response):
             return parsed
-        req, prompt_ids, sampling = parsed
+        req, prompts, ignored = parsed
+        headers = {IGNORED_FIELDS_HEADER: ",".join(ignored)} if ignored else None
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, chat, prompt_ids, sampling, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(self._stream(request_id, chat, prompts, include_usage),
+                                     media_type="text/event-stream", headers=headers)
         try:
-            done = await generate(self.engine, prompt_ids, sampling)
+            finished = await asyncio.gather(*(self._generate(ids, sampling) for ids, sampling in prompts))
         except TargetUnavailableError as err:
             return JSONResponse(_unavailable(err), status_code=503)
-        self._observe(done)
-        return JSONResponse(completion_body(request_id, self.model_name, done.result, chat, req.return_token_ids))
+        for done in finished:
+            self._observe(done)
+        body = completion_body(request_id, self.model_name, [done.result for done in finished], chat,
+                               req.return_token_ids, self._token_text)
+        return JSONResponse(body, headers=headers)
 
-    async def _stream(self, request_id: str, chat: bool, prompt_ids: list[int], sampling: SamplingParams,
+    async def _stream(self, request_id: str, chat: bool, prompts: list[tuple[list[int], SamplingParams]],
                       include_usage: bool):
-        """SSE chunks whose text adds up to the non-streamed text (deploy/service/generation.stream). A
-        target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
-        yield sse_event(chunk_body(request_id, self.model_name, chat, None, None, first=True))
+        """SSE chunks whose text adds up, per choice, to the non-streamed text
+        (deploy/service/generation.stream); several prompts stream side by side, each chunk naming its
+        choice's index. A target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
+        for index in range(len(prompts)):
+            yield sse_event(chunk_body(request_id, self.model_name, chat, None, None, first=True, index=index))
+        events: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, prompt_ids: list[int], sampling: SamplingParams) -> None:
+            try:
+                async for item in self._stream_one(prompt_ids, sampling):
+                    events.put_nowait((index, item))
+            except TargetUnavailableError as err:
+                events.put_nowait((index, err))
+            except Exception as err:  # never leave the stream waiting on a choice that died
+                events.put_nowait((index, TargetUnavailableError(f"the target failed to generate ({type(err).__name__})")))
+
+        pumps = [asyncio.create_task(pump(i, ids, sampling)) for i, (ids, sampling) in enumerate(prompts)]
+        finished: dict[int, Finished] = {}
         try:
-            async for item in stream(self.engine, prompt_ids, sampling):
+            while len(finished) < len(prompts):
+                index, item = await events.get()
+                if isinstance(item, TargetUnavailableError):
+                    yield sse_event(_unavailable(item))
+                    yield sse_event("[DONE]")
+                    return
                 if isinstance(item, Finished):
-                    done = item
+                    finished[index] = item
+                    yield sse_event(chunk_body(request_id, self.model_name, chat, None, item.result.finish_reason,
+                                               index=index))
                 else:
-                    yield sse_event(chunk_body(request_id, self.model_name, chat, item, None))
-        except TargetUnavailableError as err:
-            yield sse_event(_unavailable(err))
-            yield sse_event("[DONE]")
-            return
-        yield sse_event(chunk_body(request_id, self.model_name, chat, None, done.result.finish_reason))
+                    yield sse_event(chunk_body(request_id, self.model_name, chat, item, None, index=index))
+        finally:
+            for task in pumps:
+                task.cancel()
+        results = [finished[i].result for i in range(len(prompts))]
         if include_usage:
-            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, done.result))
+            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, results))
         yield sse_event("[DONE]")
-        self._observe(done)
+        for done in finished.values():
+            self._observe(done)
 
     # ---- admin: the live drafter pool (cluster/pool.py, on the Ray service) -----------------
     async def list_drafters(self) -> Response:
@@ -247,7 +314,7 @@ class SpecfleetServer:
 
         try:
             prompt_ids, sampling = self._grpc_parse(request, grpc_context)
-            done = await generate(self.engine, prompt_ids, sampling)
+            done = await self._generate(prompt_ids, sampling)
         except grpc_api.STATUS_ERRORS as err:
             if grpc_context is None:
                 raise
@@ -265,7 +332,7 @@ class SpecfleetServer:
         request_id = new_id("cmpl")
         try:
             prompt_ids, sampling = self._grpc_parse(request, grpc_context)
-            async for item in stream(self.engine, prompt_ids, sampling):
+            async for item in self._stream_one(prompt_ids, sampling):
                 if isinstance(item, Finished):
                     self._observe(item)
                     yield grpc_api.response(request_id, self.model_name, item.result, text="")

@@ -15,7 +15,8 @@
              shadows scored against the output as it is committed (deploy/spec/counterfactual.py)
              become the feedback that rides on the next coordinator call; the draft-length
              statistics learn from both
-    commit   the round's tokens are emitted, honouring EOS, max_tokens and stop strings
+    commit   the round's tokens are emitted, honouring EOS, max_tokens and stop strings (with
+             the target's log-probabilities of them, from the same forward, when asked)
 
 A chosen model drafter is asked for as many tokens as pay for its drafting time too, and for
 none when a model-free draft in hand already promises more (drafting in one process is
@@ -44,6 +45,7 @@ from deploy.spec.cost_model import MAX_PADDING, ForwardCosts, max_positions
 from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
 from deploy.spec.draft_length import DraftLengths
 from deploy.spec.draft_tree import ROOT, DraftTree
+from deploy.spec.logprobs import TokenLogprob, token_logprobs
 from deploy.spec.target import TargetModel
 from deploy.spec.tree_verify import per_draft_outcome, verify_tree
 from deploy.spec.verify import draft_overlaps, verify
@@ -82,6 +84,7 @@ class GenerationResult:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     rounds: list[RoundTrace] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when the request asked (sampling.logprobs)
 
     @property
     def summary(self) -> dict:
@@ -126,6 +129,7 @@ class RequestState:
     tokens: list[int] = field(default_factory=list)  # committed context; the cache covers tokens[:-1]
     sent: int = 0  # committed tokens the coordinator has seen
     output: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per output token, when sampling.logprobs is set
     rounds: list[RoundTrace] = field(default_factory=list)
     feedback: RoundFeedback | None = None  # rides on the next coordinator call
     finish: str | None = None
@@ -158,6 +162,7 @@ class Verdict:
     branch_rows: tuple[int, ...]  # the forward's row of each emitted token's distribution
     chain_size: int  # the forward's size when it verified one draft or none (0 for a tree)
     verify_s: float
+    logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when the request asked for them
 
     @property
     def accepted(self) -> int:
@@ -232,7 +237,7 @@ class SpeculativeEngine:
         draft_s = time.perf_counter() - start
         verdict = self.verify(request, chosen)
         request.feedback, reward = self.learn(request, drafts, chosen, verdict, draft_s)
-        emitted = self.commit(request, verdict.emitted)
+        emitted = self.commit(request, verdict.emitted, verdict.logprobs)
         own_s = [p.draft_s for p in chosen.proposals + chosen.shadows]
         trace = RoundTrace(chosen.label, verdict.drafted, verdict.accepted, emitted, reward, draft_s, verdict.verify_s,
                            max(own_s, default=0.0), drafts.drafting_s)
@@ -316,8 +321,9 @@ class SpeculativeEngine:
                                   else draft_overlaps(draft, proposal.q, p[: len(draft)]))
                 for proposal in chosen.proposals
             )
-            return Verdict(result.token_ids, len(draft), outcomes, p, tuple(range(result.accepted + 1)), len(positions),
-                           time.perf_counter() - start)
+            rows = tuple(range(result.accepted + 1))
+            return Verdict(result.token_ids, len(draft), outcomes, p, rows, len(positions), time.perf_counter() - start,
+                           self._logprobs(logits, rows, result.token_ids, sampling))
         drafts = [p.token_ids for p in distinct]
         tree = DraftTree.build(drafts)
         positions = [tokens[-1], *tree.tokens]
@@ -336,8 +342,9 @@ class SpeculativeEngine:
             if proposal.token_ids else DraftOutcome(0)
             for proposal in chosen.proposals
         )
-        return Verdict(result.token_ids, tree.size, outcomes, p, (0, *(1 + node for node in result.nodes)), 0,
-                       time.perf_counter() - start)
+        rows = (0, *(1 + node for node in result.nodes))
+        return Verdict(result.token_ids, tree.size, outcomes, p, rows, 0, time.perf_counter() - start,
+                       self._logprobs(logits, rows, result.token_ids, sampling))
 
     def learn(self, request: RequestState, drafts: Drafts, chosen: DraftRound, verdict: Verdict,
               draft_s: float) -> tuple[RoundFeedback | None, float]:
@@ -362,17 +369,19 @@ class SpeculativeEngine:
         reward = max((f.reward for f in feedback if not f.counterfactual), default=0.0)
         return (RoundFeedback(tuple(feedback)) if feedback else None), reward
 
-    def commit(self, request: RequestState, emitted_ids: Sequence[int]) -> int:
-        """Append the round's tokens to the output, honouring EOS, max_tokens and stop strings.
-        -> how many were emitted."""
+    def commit(self, request: RequestState, emitted_ids: Sequence[int], logprobs: Sequence[TokenLogprob] = ()) -> int:
+        """Append the round's tokens (and their log-probabilities, when asked) to the output,
+        honouring EOS, max_tokens and stop strings. -> how many were emitted."""
         output, sampling = request.output, request.sampling
         before = len(output)
         request.tokens.extend(emitted_ids)
-        for token in emitted_ids:
+        for i, token in enumerate(emitted_ids):
             if token in self.target.eos_ids:
                 request.finish = "stop"
                 return len(output) - before
             output.append(token)
+            if logprobs:
+                request.logprobs.append(logprobs[i])
             if len(output) >= sampling.max_tokens:
                 request.finish = "length"
                 return len(output) - before
@@ -400,7 +409,15 @@ class SpeculativeEngine:
             text, finish = text[: min(cuts)], "stop"
             while output and any(stop in self.target.decode(output[:-1]) for stop in stops):
                 output.pop()  # token ids end with the token that completed the stop string
-        return GenerationResult(text, output, finish, len(request.prompt_ids), request.rounds)
+        logprobs = request.logprobs[: len(output)] if request.sampling.logprobs is not None else None
+        return GenerationResult(text, output, finish, len(request.prompt_ids), request.rounds, logprobs)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, rows: Sequence[int], emitted: Sequence[int],
+                  sampling: SamplingParams) -> tuple[TokenLogprob, ...]:
+        if sampling.logprobs is None:
+            return ()
+        return token_logprobs(logits, rows, emitted, sampling.logprobs)
 
     def _time_drafting(self, draft_round: DraftRound) -> None:
         """Running mean of each drafter's drafting seconds per drafted token."""

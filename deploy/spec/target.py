@@ -18,9 +18,8 @@ import torch
 from actors.errors import InvalidRequestError
 from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
+from deploy.spec.chat_messages import normalize_messages, template_knows_tools
 from deploy.spec.draft_tree import attention_allowed, depths_of
-
-CHAT_ROLES = ("system", "user", "assistant")
 
 
 class TargetModel:
@@ -69,16 +68,10 @@ class TargetModel:
         return list(ids)
 
     def _encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        if not isinstance(messages, (list, tuple)) or not messages:
-            raise InvalidRequestError("messages", "must be a non-empty list")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise InvalidRequestError(f"messages[{i}]", "must be an object with role and content")
-            if message.get("role") not in CHAT_ROLES:
-                raise InvalidRequestError(f"messages[{i}].role", f"must be one of {list(CHAT_ROLES)}, got {message.get('role')!r}")
-            if not isinstance(message.get("content"), str):
-                raise InvalidRequestError(f"messages[{i}].content", "must be a string")
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        """OpenAI-style messages (deploy/spec/chat_messages.py) through the model's chat template."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        rendered = normalize_messages(messages, template_knows_tools(template if isinstance(template, str) else None))
+        text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def check_length(self, prompt_tokens: int, max_tokens: int) -> None:

@@ -10,7 +10,8 @@ from starlette.requests import Request
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.service.generation import Finished, StopHoldback, stream
+from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
+from deploy.service.metrics import ServiceMetrics
 from deploy.spec.engine import SpeculativeEngine
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
@@ -34,6 +35,36 @@ def test_an_incomplete_utf8_character_is_held_back():
     holdback = StopHoldback([])
     assert holdback.advance("caf\ufffd") == "caf"
     assert holdback.advance("café") == "é"
+
+
+class _StubEngine:
+    target = None
+
+    def run(self, *args):
+        return "generated"
+
+
+def gauges(metrics: ServiceMetrics) -> tuple[float, float]:
+    return metrics.waiting._value.get(), metrics.running._value.get()
+
+
+def test_a_tracked_request_counts_waiting_then_running_then_nothing():
+    metrics = ServiceMetrics()
+    tracked = TrackedEngine(_StubEngine(), metrics)
+    assert gauges(metrics) == (1, 0)
+    assert tracked.run() == "generated"
+    tracked.close()
+    assert gauges(metrics) == (0, 0)
+
+
+def test_a_request_closed_before_its_thread_starts_never_generates_and_leaves_no_count():
+    metrics = ServiceMetrics()
+    tracked = TrackedEngine(_StubEngine(), metrics)
+    tracked.close()  # its client went away while it waited for a worker thread
+    with pytest.raises(AbandonedError):
+        tracked.run()
+    tracked.close()
+    assert gauges(metrics) == (0, 0)
 
 
 @pytest.fixture(scope="module")
