@@ -3,6 +3,9 @@
 `warp_probs` applies temperature, top-k and top-p (in that order, as HF and vLLM do) and is used
 for both the target's p and every drafter's q, which is what keeps speculative sampling lossless.
 `SamplingParams` validates itself on construction and raises `InvalidRequestError` naming the field.
+Bounds: a temperature below `GREEDY_BELOW` (1e-5, as vLLM) decodes greedily (dividing logits by it
+would overflow); `seed` fits torch's generator (-2^63 .. 2^64-1); at most `MAX_STOP` stop strings
+of at most `MAX_STOP_CHARS` characters (they are re-scanned every round).
 """
 from __future__ import annotations
 
@@ -14,11 +17,14 @@ import torch
 from actors.errors import InvalidRequestError
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+MAX_STOP, MAX_STOP_CHARS = 16, 256
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request decoding parameters. temperature == 0 means greedy."""
+    """Per-request decoding parameters. temperature 0 (or below GREEDY_BELOW) means greedy."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -27,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default=())
     logprobs: int | None = None  # None: none; n >= 0: each emitted token's log-probability and the n most likely
+    cache_salt: str | None = None  # isolates cross-request drafter caches (the suffix cache) per tenant
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -41,17 +48,21 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise InvalidRequestError("seed", f"must be in [-2^63, 2^64 - 1], got {self.seed}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidRequestError("top_logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequestError("stop", "must be non-empty strings")
+        if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise InvalidRequestError("stop", f"at most {MAX_STOP} stop strings of at most {MAX_STOP_CHARS} characters")
         object.__setattr__(self, "stop", stop)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -60,7 +71,7 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     Greedy requests use temperature 1 here (the distributions the BD reward compares).
     """
     logits = logits.float()
-    if sampling.temperature > 0:
+    if not sampling.greedy:
         logits = logits / sampling.temperature
     vocab = logits.shape[-1]
     if 0 < sampling.top_k < vocab:

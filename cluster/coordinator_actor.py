@@ -39,8 +39,11 @@ class CoordinatorActor:
 
     def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
                  draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S,
-                 verify: str = DEFAULT_VERIFY) -> None:
+                 verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None) -> None:
         self.core = Coordinator(_pool_at_start(drafters), policy, seed, request_ttl_s, verify)  # values: drafter actor handles
+        # what the pool was built from (cluster/pool.py: its signature, and each drafter's config), for redeploys
+        self.built_for = {"signature": dict((built_for or {}).get("signature", {})),
+                          "drafters": dict((built_for or {}).get("drafters", {}))}
         self.draft_timeout_s = draft_timeout_s
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
@@ -158,9 +161,10 @@ class CoordinatorActor:
     async def stats(self) -> dict:
         return self.core.stats() | {"down": sorted(self.down)}
 
-    async def add_drafter(self, name: str, handle) -> None:
+    async def add_drafter(self, name: str, handle, config: Mapping | None = None) -> None:
         self.core.add_drafter(name, handle)
         self.kinds_known.discard(name)
+        self.built_for["drafters"][name] = dict(config) if config is not None else None
 
     async def remove_drafter(self, name: str, drain_s: float = 30.0):
         """Remove the arm, up or down, then wait (at most drain_s) for its rounds in flight. -> its
@@ -176,10 +180,18 @@ class CoordinatorActor:
         while self.drafting.get(name, 0) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         self.drafting.pop(name, None)
+        self.built_for["drafters"].pop(name, None)
         return handle
 
     async def drafter_handles(self) -> dict:
         return dict(self.core.drafters)
+
+    async def pool_config(self) -> dict:
+        """{"signature", "drafters": {name: its config, or None when unknown}} for every drafter in
+        the pool, up or down."""
+        names = [*self.core.drafters, *self.down]
+        return {"signature": self.built_for["signature"],
+                "drafters": {name: self.built_for["drafters"].get(name) for name in names}}
 
     async def register_replica(self, name: str, placement: dict) -> None:
         self.replicas[name] = placement
@@ -212,16 +224,16 @@ def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
 
 def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
                             draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S,
-                            verify: str = DEFAULT_VERIFY):
+                            verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None):
     """The named async actor `specfleet:coordinator` over drafter actor handles (restarted by Ray
-    after a crash, with the same arguments)."""
+    after a crash, with the same arguments). built_for: what cluster/pool.py built the pool from."""
     import ray
 
     actor = ray.remote(CoordinatorActor).options(
         name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=256, lifetime="detached",
         max_restarts=-1, max_task_retries=0,
     )
-    return actor.remote(dict(drafters), policy, seed, draft_timeout_s, request_ttl_s, verify)
+    return actor.remote(dict(drafters), policy, seed, draft_timeout_s, request_ttl_s, verify, built_for)
 
 
 def connect_coordinator() -> "RemoteCoordinator":

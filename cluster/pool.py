@@ -3,8 +3,11 @@
 `start_pool(config)` turns the config's drafters into resource requests (cluster/resources.py),
 reserves the GPU-holding ones together in the placement group `specfleet:pool` (one bundle per
 drafter, the config's strategy), starts one named actor per drafter (`specfleet:drafter:<name>`)
-and the coordinator actor over them. A redeploy finds the coordinator by name and keeps the pool
-and its bandit statistics.
+and the coordinator actor over them. A redeploy finds the coordinator by name and reconciles the
+pool to the config: with the same target, policy, verification and timeouts (`pool_signature`) it
+keeps the pool and its bandit statistics, starts the drafters the config adds, drains and stops
+those it drops, and replaces a drafter whose entry changed; a pool built for another target (or
+policy) is stopped and a new one started.
 
 `add_drafter(config, drafter)` starts one more drafter actor, in a placement group of its own
 (`specfleet:pool:<name>`) when it asks for resources, and registers it with the coordinator as a
@@ -35,15 +38,49 @@ def _spec(config: ServiceConfig, drafter: DrafterConfig, gpus_in_cluster: float)
                        num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
 
 
-def start_pool(config: ServiceConfig) -> None:
-    """Start (or reuse, by name) the drafter actors and the coordinator actor."""
+def pool_signature(config: ServiceConfig) -> dict:
+    """What a running pool is built for, beyond its drafters: a change here replaces the pool."""
+    return {"model": config.target.model, "dtype": config.target.dtype, "policy": config.policy,
+            "verify": config.verify, "draft_timeout_s": config.draft_timeout_s, "request_ttl_s": config.request_ttl_s,
+            "placement": config.placement.model_dump()}
+
+
+def _running_pool():
+    """-> (the coordinator actor, what its pool was built from) or (None, None)."""
     import ray
 
     try:
-        ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
-        return  # a redeploy of the same app keeps its pool and its bandit statistics
+        coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
     except ValueError:
-        pass
+        return None, None
+    return coordinator, ray.get(coordinator.pool_config.remote())
+
+
+def _reconcile(config: ServiceConfig, running: dict[str, dict | None]) -> None:
+    """Bring a running pool's drafters to the config's: add first (the policy never runs out of
+    arms), then drop what is gone, then replace what changed. A drafter added live and not in
+    the config is dropped too: the config is the pool a deploy asks for."""
+    wanted = {d.name: d for d in config.drafters}
+    changed = [n for n, built in running.items() if n in wanted and built is not None and built != wanted[n].model_dump()]
+    for name in wanted:
+        if name not in running:
+            add_drafter(config, wanted[name])
+    for name in [n for n in running if n not in wanted] + changed:
+        remove_drafter(name)
+    for name in changed:
+        add_drafter(config, wanted[name])
+
+
+def start_pool(config: ServiceConfig) -> None:
+    """Start the drafter actors and the coordinator actor, or reconcile the running pool to `config`."""
+    import ray
+
+    coordinator, built_for = _running_pool()
+    if coordinator is not None:
+        if built_for["signature"] == pool_signature(config):
+            _reconcile(config, built_for["drafters"])
+            return
+        stop_pool(config)  # built for another target, policy or verification: replaced
     vocab = model_vocab_size(config.target.model)
     gpus_in_cluster = cluster_gpus()
     specs = [_spec(config, d, gpus_in_cluster) for d in config.drafters]
@@ -55,8 +92,9 @@ def start_pool(config: ServiceConfig) -> None:
     handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
                for s in specs}
     ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
+    built_for = {"signature": pool_signature(config), "drafters": {d.name: d.model_dump() for d in config.drafters}}
     coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s,
-                                          request_ttl_s=config.request_ttl_s, verify=config.verify)
+                                          request_ttl_s=config.request_ttl_s, verify=config.verify, built_for=built_for)
     ray.get(coordinator.stats.remote())
 
 
@@ -74,7 +112,7 @@ def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
         strategy = in_bundle(group, 0)
     handle = start_drafter_actor(spec, model_vocab_size(config.target.model), strategy)
     placement = ray.get(handle.placement.remote())  # started and answering before it becomes an arm
-    ray.get(coordinator.add_drafter.remote(spec.name, handle))
+    ray.get(coordinator.add_drafter.remote(spec.name, handle, drafter.model_dump()))
     return placement
 
 
@@ -124,17 +162,24 @@ def pool_status() -> dict:
     return {"policy": stats["policy"], "nodes": nodes, "replicas": replicas, "drafters": drafters}
 
 
-def stop_pool(config: ServiceConfig) -> None:
+def stop_pool(config: ServiceConfig | None = None, wait_s: float = 30.0) -> None:
+    """Kill the coordinator and every drafter actor (the running pool's and the config's), free the
+    placement groups, and wait (at most wait_s) until their names are free again."""
+    import time
+
     import ray
 
-    try:
-        coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
-        names = list(ray.get(coordinator.drafter_handles.remote(), timeout=HEALTH_TIMEOUT_S))
-    except Exception:  # noqa: BLE001 - no coordinator, or a dead one: fall back to the config's names
-        names = []
-    for name in [COORDINATOR_NAME] + [DRAFTER_PREFIX + n for n in {*names, *(d.name for d in config.drafters)}]:
+    named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE
+             and (a["name"] == COORDINATOR_NAME or a["name"].startswith(DRAFTER_PREFIX))]
+    names = {*named, *(DRAFTER_PREFIX + d.name for d in (config.drafters if config else []))}
+    for name in [COORDINATOR_NAME, *sorted(names - {COORDINATOR_NAME})]:
         try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
         except ValueError:
             pass
     release(POOL_GROUP, prefix=True)  # the pool's group and those of drafters added later
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(
+            a["namespace"] == NAMESPACE and a["name"] in names | {COORDINATOR_NAME}
+            for a in ray.util.list_named_actors(all_namespaces=True)):
+        time.sleep(0.2)

@@ -33,6 +33,11 @@ SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
     "--draft-timeout-s": (("draft_timeout_s",), float, "a drafter answering later than this loses the round's draft and is marked down (default 5)"),
     "--request-ttl-s": (("request_ttl_s",), float, "a request without a round for this long is over (its replica died; default 60)"),
     "--max-request-bytes": (("max_request_bytes",), int, "larger HTTP bodies get 413 (default 1 MiB)"),
+    "--request-metrics": (("request_metrics",), bool, "put each request's speculative metrics (per drafter acceptance, "
+                                                      "timing) in its response (default off: they tell a client about "
+                                                      "the drafters' state)"),
+    "--grpc-reflection": (("grpc_reflection",), bool, "turn on gRPC server reflection (grpcurl can list the services; "
+                                                      "it answers without a key; default off)"),
     "--placement-strategy": (("placement", "strategy"), str, "how drafter GPUs spread over nodes: PACK (default), SPREAD, STRICT_PACK, STRICT_SPREAD"),
     "--placement-timeout-s": (("placement", "timeout_s"), float, "how long to wait for the cluster to grant the drafters' resources (default 600)"),
 }
@@ -58,7 +63,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default=None, help="the model of the hf drafters in --drafters (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
     for flag, (_, kind, text) in SERVE_FLAGS.items():
-        parser.add_argument(flag, type=json_value if kind == "json" else kind, default=None, help=text)
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, type=json_value if kind == "json" else kind, default=None, help=text)
 
 
 def _drafters(namespace: argparse.Namespace) -> list[dict] | None:

@@ -89,6 +89,7 @@ class LocalService:
     grpc_port: int
     api_key: str  # every /v1 and gRPC request must send it (Bearer)
     admin_token: str  # /admin/* must send it (Bearer)
+    other_api_key: str  # a second tenant's key (its own suffix cache)
 
 
 @pytest.fixture(scope="session")
@@ -100,14 +101,14 @@ def service(tmp_path_factory):
     from deploy.serve_flags import apply_flags
     from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
 
-    api_key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    api_key, admin_token, other_api_key = (secrets.token_urlsafe(24) for _ in range(3))
     key_file = tmp_path_factory.mktemp("keys") / "api_keys"
-    key_file.write_text(f"# specfleet test key\n{api_key}\n")
+    key_file.write_text(f"# specfleet test keys: two tenants\n{api_key}\n{other_api_key}\n")
     # the app's args as `specfleet serve` builds them: the shipped config with these flags written over it
     flags = build_parser().parse_args([
         "serve", "smollm2-135m", "--drafters", "ngram,suffix,hierarchy,none", "--policy", "metasd-ucb-cost",
         "--verify", "tree", "--k", "7", "--api-key-file", str(key_file), "--draft-timeout-s", "2",
-        "--request-ttl-s", "15"])
+        "--request-ttl-s", "15", "--request-metrics"])
     args = apply_flags(load_serve_config(DEFAULT_CONFIG)[0], flags)
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment
@@ -120,7 +121,7 @@ def service(tmp_path_factory):
         except BaseException:
             stop_local_service(args)
             raise
-    yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key, admin_token)
+    yield LocalService(url, f"127.0.0.1:{grpc_port}", grpc_port, api_key, admin_token, other_api_key)
     stop_local_service(args)
 
 

@@ -33,6 +33,9 @@ class Sample:
 
     @classmethod
     def from_http(cls, body: dict, seconds: float) -> "Sample":
+        if "metrics" not in body:
+            raise RuntimeError("the service returns no per-request metrics: serve it with --request-metrics "
+                               "(the config's request_metrics: true) to bench it")
         metrics = body["metrics"]
         return cls(body["choices"][0]["token_ids"], seconds, metrics["timing"]["rounds"],
                    metrics["speculative_decoding"]["per_drafter"], metrics["timing"]["coordinator_s"],

@@ -47,7 +47,7 @@ class ServiceRun:
     def start(cls, label: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
         """label: the run's `<policy>[@<verify>]`."""
         policy, verify = split_run_policy(label)
-        args = {"target": {"model": model}, "policy": policy, "verify": verify, "k": k,
+        args = {"target": {"model": model}, "policy": policy, "verify": verify, "k": k, "request_metrics": True,
                 "drafters": [{"name": d, "kind": d} for d in drafters]}
         run = cls(None, model, _configured_key(), args)
         run.restart()

@@ -20,7 +20,9 @@ stored state could leak is usable as a key. Rotating keys = redeploying the app.
 
 `serve_forever` backs `specfleet serve`: a local Ray bound to 127.0.0.1, the config's drafters plus
 those of `--pool` (`specialists`: every specialist built here), HTTP on the given host/port, gRPC (Serve's gRPC proxy, same app, metadata `application: specfleet`) on 127.0.0.1
-at the given port, clean shutdown on Ctrl-C / SIGTERM.
+at the given port, an admin token created on first start when none is configured
+(~/.specfleet/admin_token, 0600), and a clean shutdown on Ctrl-C / SIGTERM (exit 0, no Ray process
+left: its handlers are re-installed over Ray's once Ray is up).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from cluster.placement import cluster_gpus
 from cluster.pool import start_pool, stop_pool
 from cluster.resources import target_gpus
 from deploy.config import ServiceConfig
-from deploy.service.auth import ApiKeys
+from deploy.service.auth import ApiKeys, ensure_admin_token
 from deploy.service.front import SpecfleetFront, front_app
 from deploy.service.server import SpecfleetServer
 
@@ -62,7 +64,8 @@ def build_app(args: dict):
     front = serve.deployment(name="SpecfleetFront", max_ongoing_requests=FRONT_MAX_ONGOING,
                              ray_actor_options={"num_cpus": 0})(serve.ingress(front_app)(SpecfleetFront))
     replica = target.bind(config.model_dump(), coordinator="actor", api_keys=api_keys, admin_keys=admin_keys)
-    return front.bind(replica, config.max_request_bytes, config.model_name)
+    return front.bind(replica, config.max_request_bytes, config.model_name, api_keys=api_keys, admin_keys=admin_keys,
+                      pool_config=config.model_dump())
 
 
 def load_serve_config(path: str | Path) -> tuple[dict, dict]:
@@ -81,12 +84,14 @@ def start_local_service(args: dict, host: str = "127.0.0.1", port: int = 8000, g
     -> the base URL. Pair with stop_local_service."""
     from ray import serve
 
-    ApiKeys.resolve(os.environ, ServiceConfig.model_validate(args or {}).api_key_file)  # fail before Ray starts
+    config = ServiceConfig.model_validate(args or {})
+    ApiKeys.resolve(os.environ, config.api_key_file)  # fail before Ray starts
     with_grpc = grpc_port is not None
     if with_grpc and address:
         raise ValueError("gRPC on 127.0.0.1 needs a local Ray (its loopback hook is installed at start)")
     connect(address, grpc_loopback=with_grpc)
-    grpc_options = {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]} if with_grpc else None
+    grpc_options = {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER],
+                    "enable_reflection": config.grpc_reflection} if with_grpc else None
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options, proxy_location="HeadOnly")
     if with_grpc and not listening_hosts(grpc_port) <= LOOPBACK_HOSTS:
         serve.shutdown()  # e.g. Ray was already running without the loopback hook
@@ -127,11 +132,19 @@ def serve_forever(args: dict, host: str = "127.0.0.1", port: int = 8000,
     args = with_pool(args, pool)
     config = ServiceConfig.model_validate(args)
     ApiKeys.resolve(os.environ, config.api_key_file)  # a bad key setting stops here, before Ray starts
+    if created := ensure_admin_token(os.environ):
+        print(f"specfleet: created the admin token {created} (0600) for `specfleet drafters`", flush=True)
     stop = threading.Event()
+
+    def on_signal(*_) -> None:
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         url = start_local_service(args, host, port, grpc_port)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # Ray's own handlers (a SIGTERM stack dump) replaced theirs
+            signal.signal(sig, on_signal)
         drafters = ",".join(d.name for d in config.drafters)
         print(f"specfleet: serving {config.model_name} on {url}/v1 and gRPC 127.0.0.1:{grpc_port} "
               f"(policy {config.policy}, verify {config.verify}, drafters {drafters}; Ctrl-C to stop)", flush=True)

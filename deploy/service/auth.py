@@ -17,6 +17,10 @@ HTTP `Authorization` header or the gRPC `authorization` metadata (`Bearer <key>`
 `AuthenticationError` naming the problem (missing, not a bearer token, unknown key); the
 message never contains the presented or the configured keys. Digests are compared with
 `hmac.compare_digest`, against every configured key (no early exit).
+
+`refusal(path, authorization, api_keys, admin_keys)` is the ingress's gate (deploy/service/front.py):
+for /v1/* the API keys, for /admin/* the admin token (403 when there is none), else nothing;
+-> None or (HTTP status, message, OpenAI error type), decided before any body is read.
 """
 from __future__ import annotations
 
@@ -128,5 +132,51 @@ class ApiKeys:
         if not matched:
             raise AuthenticationError("invalid API key")
 
+    def tenant(self, authorization: str | None) -> str:
+        """Who the (already checked) key belongs to, as a name that reveals nothing about it: a
+        prefix of the digest of its digest; "" when keys are off. Partitions per-tenant caches."""
+        if not self.digests or not authorization:
+            return ""
+        key = authorization.strip().partition(" ")[2].strip()
+        return hashlib.sha256(_digest(key)).hexdigest()[:16]
+
     def __repr__(self) -> str:  # never the digests, let alone keys
         return f"ApiKeys({len(self.digests)} key{'s' if len(self.digests) != 1 else ''})"
+
+
+def ensure_admin_token(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """`specfleet serve`'s first start: with no admin token configured, write a new one to
+    ~/.specfleet/admin_token (0600, in a 0700 directory) for the CLI and the service to share.
+    -> its path, or None when a token was already configured."""
+    if admin_tokens(environ):
+        return None
+    import secrets
+
+    path = Path(DEFAULT_ADMIN_TOKEN_FILE).expanduser()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never over an existing file
+    with os.fdopen(descriptor, "w") as out:
+        out.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+ADMIN_OFF = ("the admin API is off: start the service with an admin token "
+             "(SPECFLEET_ADMIN_TOKEN, SPECFLEET_ADMIN_TOKEN_FILE or ~/.specfleet/admin_token)")
+
+
+def refusal(path: str, authorization: str | None, api_keys: ApiKeys, admin_keys: ApiKeys
+            ) -> tuple[int, str, str] | None:
+    """Why a request to `path` may not pass the ingress (status, message, error type), or None."""
+    if path.startswith("/admin"):
+        if not admin_keys.required:
+            return 403, ADMIN_OFF, "permission_error"
+        keys = admin_keys
+    elif path.startswith("/v1"):
+        keys = api_keys
+    else:
+        return None
+    try:
+        keys.check(authorization)
+    except AuthenticationError as err:
+        return 401, str(err), "authentication_error"
+    return None

@@ -53,6 +53,7 @@ def sampling_for(
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
     logprobs: int | None = None,
+    cache_salt: str | None = None,
 ) -> SamplingParams:
     """None means "not given": max_tokens then fills the context up to the service default."""
     if max_tokens is None:
@@ -65,6 +66,7 @@ def sampling_for(
         seed=seed,
         stop=tuple([stop] if isinstance(stop, str) else stop or ()),
         logprobs=logprobs,
+        cache_salt=cache_salt,
     )
     target.check_length(len(prompt_ids), sampling.max_tokens)
     return sampling

@@ -9,7 +9,8 @@ The service is deploy/service/proto/specfleet.proto; its Python stubs are genera
   `messages`, `messages.0.role`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop`,
   `model`).
 - `response(request_id, model, result)`: the unary GenerateResponse (text, token_ids,
-  finish_reason, usage, metrics, timing); with `text=""` it is a stream's last message.
+  finish_reason, usage, metrics, timing; the last two only with `with_metrics`); with `text=""` it
+  is a stream's last message.
   `piece(request_id, model, text)`: an intermediate stream message.
 - `status_for(err) -> (grpc.StatusCode, details)`: InvalidRequestError -> INVALID_ARGUMENT
   (`<field>: <message>`), AuthenticationError -> UNAUTHENTICATED, TargetUnavailableError ->
@@ -32,8 +33,8 @@ STATUS_ERRORS = (InvalidRequestError, AuthenticationError, TargetUnavailableErro
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
 
-def parse_request(request: pb.GenerateRequest, target: TargetModel, defaults, model_name: str
-                  ) -> tuple[list[int], SamplingParams]:
+def parse_request(request: pb.GenerateRequest, target: TargetModel, defaults, model_name: str,
+                  cache_salt: str | None = None) -> tuple[list[int], SamplingParams]:
     if request.model and request.model != model_name:
         raise InvalidRequestError("model", f"model {request.model!r} does not exist; this server serves {model_name!r}")
     chat = len(request.messages) > 0
@@ -45,7 +46,7 @@ def parse_request(request: pb.GenerateRequest, target: TargetModel, defaults, mo
             prompt_ids = target.encode(messages=[{"role": m.role, "content": m.content} for m in request.messages])
         else:
             prompt_ids = target.encode(prompt=request.prompt)
-        sampling = sampling_for(target, defaults, prompt_ids, stop=tuple(request.stop), **given)
+        sampling = sampling_for(target, defaults, prompt_ids, stop=tuple(request.stop), cache_salt=cache_salt, **given)
     except InvalidRequestError as err:
         raise InvalidRequestError(request_field(err.field, chat), err.message) from None
     return prompt_ids, sampling
@@ -67,12 +68,18 @@ def _metrics(result: GenerationResult) -> tuple[pb.SpeculativeMetrics, pb.Timing
     return metrics, pb.Timing(**measured["timing"])
 
 
-def response(request_id: str, model: str, result: GenerationResult, text: str | None = None) -> pb.GenerateResponse:
-    metrics, timing = _metrics(result)
-    return pb.GenerateResponse(
+def response(request_id: str, model: str, result: GenerationResult, text: str | None = None,
+             with_metrics: bool = True) -> pb.GenerateResponse:
+    """with_metrics=False (the config's `request_metrics` off) leaves metrics and timing unset."""
+    reply = pb.GenerateResponse(
         id=request_id, model=model, text=result.text if text is None else text, token_ids=result.token_ids,
-        finish_reason=result.finish_reason, usage=pb.Usage(**usage(result)), metrics=metrics, timing=timing,
+        finish_reason=result.finish_reason, usage=pb.Usage(**usage(result)),
     )
+    if with_metrics:
+        metrics, timing = _metrics(result)
+        reply.metrics.CopyFrom(metrics)
+        reply.timing.CopyFrom(timing)
+    return reply
 
 
 def piece(request_id: str, model: str, text: str) -> pb.GenerateResponse:

@@ -1,7 +1,9 @@
 """Prometheus metrics of the service (names of docs/design.md, mirroring vLLM, plus a `drafter` label).
 
 `ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request; `render()` returns the
-Prometheus text exposition. Each replica has its own registry; nothing secret is ever a label.
+Prometheus text exposition. Each replica has its own registry, and every sample carries the labels
+`model_name` (the served name, as vLLM's dashboards expect) and `replica` (which replica answered
+the scrape, so series from several replicas never mix); nothing secret is ever a label.
 A multi-draft round's `drafter` label joins its drafters with '+' (its drafted tokens are a tree's
 nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them. `target_forwards_total`
 counts verification forwards (one per round; the prompt's prefill is not counted), so
@@ -12,14 +14,31 @@ they are safe to call from any thread. deploy/grafana/specfleet-dashboard.json q
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from deploy.spec.engine import GenerationResult
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+class _Labelled:
+    """A registry's samples with constant labels added (a collector for generate_latest)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.registry, self.labels = registry, labels
+
+    def collect(self):
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labelled.add_sample(sample.name, sample.labels | self.labels, sample.value, sample.timestamp,
+                                    sample.exemplar)
+            yield labelled
+
+
 class ServiceMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "", replica: str = "") -> None:
+        self.labels = {"model_name": model_name, "replica": replica}
         self.registry = CollectorRegistry()
         r = self.registry
         self.drafts = Counter("specfleet:spec_decode_num_drafts", "Rounds with a draft", ["drafter"], registry=r)
@@ -82,4 +101,4 @@ class ServiceMetrics:
         self.e2e.observe(e2e_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_Labelled(self.registry, self.labels))

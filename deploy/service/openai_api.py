@@ -7,8 +7,8 @@ deploy/spec/chat_messages.py). No field a client sends is silently lost: a field
 does not act on is refused (400 naming it) unless it has its neutral value (`NEUTRAL_VALUES`:
 penalties, `logit_bias`, `tools`, `response_format`, ...), and any other unknown field is
 accepted and named in the response header `IGNORED_FIELDS_HEADER` (`specfleet-ignored-fields`).
-Responses add `metrics.speculative_decoding` in vLLM's per-request shape plus `per_drafter`
-(summed over the response's choices), and `logprobs` in OpenAI's chat or completions shape.
+Responses add, when the config's `request_metrics` is on, `metrics.speculative_decoding` in vLLM's
+per-request shape plus `per_drafter` (summed over the response's choices), and `logprobs` in OpenAI's chat or completions shape.
 """
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ class _SamplingFields(BaseModel):
     n: int = 1
     best_of: int | None = None
     return_token_ids: bool = False  # extension (as in vLLM): choices[0].token_ids
+    cache_salt: str | None = Field(default=None, max_length=256)  # extension (as in vLLM): its own drafter caches
 
 
 class ChatMessage(BaseModel):
@@ -220,8 +221,10 @@ def new_id(prefix: str) -> str:
 
 
 def completion_body(request_id: str, model: str, results: GenerationResult | Sequence[GenerationResult], chat: bool,
-                    token_ids: bool = False, token_text: Callable[[int], str] | None = None) -> dict:
-    """One choice per result, in order. `token_text` renders each token for `logprobs` (when asked)."""
+                    token_ids: bool = False, token_text: Callable[[int], str] | None = None,
+                    with_metrics: bool = True) -> dict:
+    """One choice per result, in order. `token_text` renders each token for `logprobs` (when asked);
+    `metrics` only with_metrics (the config's `request_metrics`)."""
     results = [results] if isinstance(results, GenerationResult) else list(results)
     choices = []
     for index, result in enumerate(results):
@@ -237,15 +240,15 @@ def completion_body(request_id: str, model: str, results: GenerationResult | Seq
             choice["text"] = result.text
         choice["logprobs"] = logprobs
         choices.append(choice)
-    return {
+    body = {
         "id": request_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
         "usage": usage(results),
-        "metrics": spec_metrics(results),
     }
+    return body | {"metrics": spec_metrics(results)} if with_metrics else body
 
 
 def chunk_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
@@ -261,8 +264,8 @@ def chunk_body(request_id: str, model: str, chat: bool, text: str | None, finish
             "created": int(time.time()), "model": model, "choices": [choice]}
 
 
-def usage_chunk_body(request_id: str, model: str, chat: bool, results: GenerationResult | Sequence[GenerationResult]
-                     ) -> dict:
-    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [], "usage": usage(results),
-            "metrics": spec_metrics(results)}
+def usage_chunk_body(request_id: str, model: str, chat: bool, results: GenerationResult | Sequence[GenerationResult],
+                     with_metrics: bool = True) -> dict:
+    body = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [], "usage": usage(results)}
+    return body | {"metrics": spec_metrics(results)} if with_metrics else body

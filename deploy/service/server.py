@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import threading
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -38,7 +40,7 @@ from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.config import DrafterConfig, ServiceConfig
 from deploy.service.asgi_bridge import call_asgi
-from deploy.service.auth import ApiKeys, AuthenticationError
+from deploy.service.auth import ADMIN_OFF, ApiKeys, AuthenticationError
 from deploy.service.generation import Finished, TrackedEngine, generate, request_field, sampling_for, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
@@ -88,18 +90,20 @@ class SpecfleetServer:
         self.ray_pool = coordinator == "actor"
         loaded = load_causal_lm(self.config.target.model, dtype=self.config.target.dtype)
         self.target = TargetModel(loaded)
+        replica = f"{socket.gethostname()}:{os.getpid()}"
         if coordinator == "actor":
             from cluster.coordinator_actor import connect_coordinator
             from cluster.placement import actor_name, here
 
             proxy = connect_coordinator()
+            replica = actor_name().rpartition("#")[2] or replica  # Serve's replica id
             proxy.register_replica(actor_name(), here() | {"device": str(loaded.device)})  # for `specfleet status`
         else:
             pool = {d.name: build_drafters([d.kind], None, self.target.vocab_size)[d.kind] for d in self.config.drafters}
             proxy = Coordinator(pool, self.config.policy, verify=self.config.verify)
         self.engine = SpeculativeEngine(self.target, coordinator=proxy, k=self.config.k,
                                         max_padding=self.config.max_padding)
-        self.metrics = ServiceMetrics()
+        self.metrics = ServiceMetrics(self.model_name, replica)
         self._metrics_lock = threading.Lock()
         _replica.server = self  # one replica per process: the routes below serve this instance
 
@@ -131,7 +135,7 @@ class SpecfleetServer:
             self.metrics.observe(done.result, done.ttft_s, done.e2e_s)
 
     # ---- HTTP ------------------------------------------------------------------------------
-    def _parse(self, body: object, chat: bool):
+    def _parse(self, body: object, chat: bool, authorization: str | None = None):
         """-> (request, [(prompt_ids, sampling)] one per choice, ignored field names) or a JSONResponse error."""
         if not isinstance(body, dict):
             return _error("the request body must be a JSON object", None, 400)
@@ -167,7 +171,8 @@ class SpecfleetServer:
                     prompt_ids = self.target.encode(token_ids=prompt)
                 sampling = sampling_for(self.target, self.config.sampling, prompt_ids, max_tokens=max_tokens,
                                         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-                                        stop=req.stop, logprobs=req.logprobs_wanted)
+                                        stop=req.stop, logprobs=req.logprobs_wanted,
+                                        cache_salt=self._cache_salt(authorization, req.cache_salt))
             except InvalidRequestError as err:
                 field = request_field(err.field, chat)
                 if field == "prompt" and len(prompts) > 1:
@@ -175,6 +180,10 @@ class SpecfleetServer:
                 return _error(str(err).replace(err.field, field, 1), field, 400)
             parsed.append((prompt_ids, sampling))
         return req, parsed, ignored_fields(req)
+
+    def _cache_salt(self, authorization: str | None, requested: str | None) -> str:
+        """Each API key's requests draft from their own history only (plus any salt they send)."""
+        return f"{self.api_keys.tenant(authorization)}/{requested or ''}"
 
     def _token_text(self, token_id: int) -> str:
         return self.target.decode([token_id])
@@ -189,7 +198,7 @@ class SpecfleetServer:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error("the request body is not valid JSON (UTF-8)", None, 400)
-        parsed = self._parse(body, chat)
+        parsed = self._parse(body, chat, request.headers.get("authorization"))
         if isinstance(parsed, Response):
             return parsed
         req, prompts, ignored = parsed
@@ -206,7 +215,7 @@ class SpecfleetServer:
         for done in finished:
             self._observe(done)
         body = completion_body(request_id, self.model_name, [done.result for done in finished], chat,
-                               req.return_token_ids, self._token_text)
+                               req.return_token_ids, self._token_text, self.config.request_metrics)
         return JSONResponse(body, headers=headers)
 
     async def _stream(self, request_id: str, chat: bool, prompts: list[tuple[list[int], SamplingParams]],
@@ -247,7 +256,7 @@ class SpecfleetServer:
                 task.cancel()
         results = [finished[i].result for i in range(len(prompts))]
         if include_usage:
-            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, results))
+            yield sse_event(usage_chunk_body(request_id, self.model_name, chat, results, self.config.request_metrics))
         yield sse_event("[DONE]")
         for done in finished.values():
             self._observe(done)
@@ -306,7 +315,8 @@ class SpecfleetServer:
 
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context is not None else {}
         self.api_keys.check(metadata.get("authorization"))
-        return grpc_api.parse_request(request, self.target, self.config.sampling, self.model_name)
+        return grpc_api.parse_request(request, self.target, self.config.sampling, self.model_name,
+                                      self._cache_salt(metadata.get("authorization"), None))
 
     async def Generate(self, request, grpc_context=None):
         """Unary: the whole completion. Errors set the status code on `grpc_context`."""
@@ -321,7 +331,8 @@ class SpecfleetServer:
             grpc_api.set_status(grpc_context, err)
             return grpc_api.piece("", self.model_name, "")
         self._observe(done)
-        return grpc_api.response(new_id("cmpl"), self.model_name, done.result)
+        return grpc_api.response(new_id("cmpl"), self.model_name, done.result,
+                                 with_metrics=self.config.request_metrics)
 
     async def GenerateStream(self, request, grpc_context=None):
         """Server streaming: text pieces, then a last message with finish_reason, token_ids, usage
@@ -335,7 +346,8 @@ class SpecfleetServer:
             async for item in self._stream_one(prompt_ids, sampling):
                 if isinstance(item, Finished):
                     self._observe(item)
-                    yield grpc_api.response(request_id, self.model_name, item.result, text="")
+                    yield grpc_api.response(request_id, self.model_name, item.result, text="",
+                                            with_metrics=self.config.request_metrics)
                 else:
                     yield grpc_api.piece(request_id, self.model_name, item)
         except grpc_api.STATUS_ERRORS as err:
@@ -409,8 +421,7 @@ class AdminDisabledError(Exception):
 async def _require_admin(request: Request) -> None:
     keys = _server().admin_keys
     if not keys.required:
-        raise AdminDisabledError("the admin API is off: start the service with an admin token "
-                                 "(SPECFLEET_ADMIN_TOKEN, SPECFLEET_ADMIN_TOKEN_FILE or ~/.specfleet/admin_token)")
+        raise AdminDisabledError(ADMIN_OFF)
     keys.check(request.headers.get("authorization"))
 
 

@@ -7,7 +7,7 @@ from actors.hierarchy import HierarchyProposer
 from actors.ngram import NgramProposer, longest_lookup, lookup_continuation
 from actors.no_draft import NoDraftProposer
 from actors.sampling import SamplingParams
-from actors.suffix import SuffixProposer, SuffixTrie
+from actors.suffix import BYTES_PER_NODE, SuffixProposer, SuffixTrie
 
 GREEDY = SamplingParams()
 
@@ -144,3 +144,22 @@ def test_prompt_lookup_reports_the_length_of_the_tail_it_matched():
     assert drafter.propose("s", [1, 2, 3, 9, 2, 3], k=2, sampling=GREEDY).match_length == 2
     assert drafter.propose("t", [5, 6, 7, 8, 9, 7], k=2, sampling=GREEDY).match_length == 1
     assert drafter.propose("u", [5, 6, 7], k=2, sampling=GREEDY).match_length == 0
+
+
+def test_one_tenants_history_never_drafts_for_another():
+    drafter = SuffixProposer(min_match=2)
+    tenant_a, tenant_b = SamplingParams(cache_salt="a"), SamplingParams(cache_salt="b")
+    drafter.propose("a-1", [5, 6, 7, 8, 9], 3, tenant_a)
+    drafter.release("a-1")
+    assert drafter.propose("b-1", [5, 6], 3, tenant_b).token_ids == ()  # A's text is no guess for B
+    assert drafter.propose("a-2", [5, 6], 3, tenant_a).token_ids == (7, 8, 9)
+
+
+def test_the_suffix_cache_is_bounded_in_memory_and_counts_its_nodes_exactly():
+    trie = SuffixTrie(max_depth=4, max_bytes=40 * BYTES_PER_NODE)
+    trie.insert(list(range(10)), tenant="a")  # 10 suffixes, 34 distinct nodes
+    assert trie.nodes == 34
+    trie.insert(list(range(100, 110)), tenant="b")  # 68 nodes > 40: A's sequence goes
+    assert trie.nodes == 34 and set(trie.roots) == {"b"} and len(trie) == 1
+    trie.insert([100, 101, 102], tenant="b")  # shares its nodes with the cached sequence
+    assert trie.nodes == 34 and trie.cached_tokens == 13

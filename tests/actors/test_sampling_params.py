@@ -23,6 +23,11 @@ from actors.sampling import SamplingParams, warp_probs
         ({"top_k": -1}, "top_k"),
         ({"seed": "x"}, "seed"),
         ({"stop": [""]}, "stop"),
+        ({"seed": 2**64}, "seed"),  # beyond torch's generator: a 400, not a 503
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": ["x" * 257]}, "stop"),
+        ({"logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_bad_sampling_values_raise_an_error_naming_the_field(kwargs, field):
@@ -33,6 +38,19 @@ def test_bad_sampling_values_raise_an_error_naming_the_field(kwargs, field):
 
 def test_temperature_zero_means_greedy():
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_a_temperature_too_small_to_divide_by_decodes_greedily():
+    tiny = SamplingParams(temperature=1e-9)
+    logits = torch.tensor([[1e4, -1e4, 0.0]])
+    assert tiny.greedy and not SamplingParams(temperature=1e-4).greedy
+    probs = warp_probs(logits, tiny)  # no overflow to inf - inf = nan
+    assert torch.isfinite(probs).all() and torch.allclose(probs, warp_probs(logits, SamplingParams()))
+
+
+def test_the_widest_seeds_torch_takes_are_accepted():
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1 and SamplingParams(seed=-(2**63)).seed == -(2**63)
+    torch.Generator().manual_seed(2**64 - 1)
 
 
 def test_a_single_stop_string_becomes_a_tuple():

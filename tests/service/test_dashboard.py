@@ -154,3 +154,12 @@ def test_the_request_gauges_return_to_zero_when_requests_finish(served):
     metrics.request_finished()
     metrics.request_finished(started=False)  # the waiting one failed before it generated
     assert value(metrics, "specfleet:num_requests_running") == value(metrics, "specfleet:num_requests_waiting") == 0
+
+
+def test_every_sample_names_the_served_model_and_the_replica_that_answered():
+    metrics = ServiceMetrics(model_name="smol", replica="replica-7")
+    metrics.request_waiting()
+    metrics.pulls.labels("ngram").inc()
+    labelled = samples(metrics)
+    assert labelled and all(s.labels["model_name"] == "smol" and s.labels["replica"] == "replica-7" for s in labelled)
+    assert value(metrics, "specfleet:bandit_arm_pulls_total", drafter="ngram", replica="replica-7") == 1

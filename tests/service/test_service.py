@@ -115,6 +115,7 @@ def test_metrics_count_drafts_per_drafter(service, client):
     assert pulls and sum(float(line.rsplit(" ", 1)[1]) for line in pulls) > 0
     assert "specfleet:spec_decode_num_draft_tokens_total{" in text
     assert "specfleet:e2e_request_latency_seconds_count" in text
+    assert 'model_name="smollm2-135m"' in text and 'replica="' in text  # which replica answered the scrape
 
 
 def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, client):
@@ -169,6 +170,8 @@ def test_the_service_drafts_with_the_chosen_drafter_and_the_model_free_shadows_a
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "best_of": 3}, 400, "best_of"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": 7}, 400, "stop"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "seed": 2**64}, 400, "seed"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["x"] * 17}, 400, "stop"),
         ({"model": MODEL, "messages": "hi"}, 400, "messages"),
         ({"model": MODEL}, 400, "messages"),
         ({"model": MODEL, "messages": [{"role": "user", "content": 42}]}, 400, "messages.0.content"),
