@@ -41,9 +41,8 @@ SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
     "--placement-strategy": (("placement", "strategy"), str, "how drafter GPUs spread over nodes: PACK (default), SPREAD, STRICT_PACK, STRICT_SPREAD"),
     "--placement-timeout-s": (("placement", "timeout_s"), float, "how long to wait for the cluster to grant the drafters' resources (default 600)"),
 }
-# flags whose value builds a field together with others, and the positional MODEL
-COMPOSITE_FLAGS = {"MODEL": ("target", "model"), "--drafters": ("drafters",), "--draft-model": ("drafters",),
-                   "--draft-layers": ("drafters",)}
+# fields set by the positional MODEL, and by --drafters (with --draft-model / --draft-layers for its hf drafters)
+COMPOSITE_FLAGS = {("target", "model"): "MODEL", ("drafters",): "--drafters"}
 
 
 def json_value(text: str) -> object:
@@ -117,11 +116,5 @@ def apply_flags(args: dict, namespace: argparse.Namespace) -> dict:
 def flag_for(location: Sequence[object]) -> str | None:
     """The flag that sets a config error's location, e.g. ("sampling", "top_p") -> "--top-p"."""
     path = tuple(str(part) for part in location)
-    for flag, (flag_path, _, _) in SERVE_FLAGS.items():
-        if path[: len(flag_path)] == flag_path:
-            return flag
-    if path[:2] == ("target", "model"):
-        return "MODEL"
-    if path[:1] == ("drafters",):
-        return "--drafters"
-    return None
+    flags = {flag_path: flag for flag, (flag_path, _, _) in SERVE_FLAGS.items()} | COMPOSITE_FLAGS
+    return next((flag for flag_path, flag in flags.items() if path[: len(flag_path)] == flag_path), None)

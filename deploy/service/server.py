@@ -40,7 +40,7 @@ from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.config import DrafterConfig, ServiceConfig
 from deploy.service.asgi_bridge import call_asgi
-from deploy.service.auth import ADMIN_OFF, ApiKeys, AuthenticationError
+from deploy.service.auth import ApiKeys, refusal
 from deploy.service.generation import Finished, TrackedEngine, generate, request_field, sampling_for, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
@@ -177,7 +177,7 @@ class SpecfleetServer:
                 field = request_field(err.field, chat)
                 if field == "prompt" and len(prompts) > 1:
                     field = f"prompt.{index}"
-                return _error(str(err).replace(err.field, field, 1), field, 400)
+                return _error(f"{field}: {err.message}", field, 400)
             parsed.append((prompt_ids, sampling))
         return req, parsed, ignored_fields(req)
 
@@ -410,30 +410,23 @@ def _server() -> SpecfleetServer:
     return _replica.server
 
 
-async def _require_api_key(request: Request) -> None:
-    _server().api_keys.check(request.headers.get("authorization"))
+class RefusedError(Exception):
+    def __init__(self, status: int, message: str, error_type: str) -> None:
+        super().__init__(message)
+        self.status, self.error_type = status, error_type
 
 
-class AdminDisabledError(Exception):
-    pass
+async def _gate(request: Request) -> None:
+    """The ingress's key check (deploy/service/auth.refusal) again, for this app served without the front."""
+    server = _server()
+    if refused := refusal(request.url.path, request.headers.get("authorization"), server.api_keys, server.admin_keys):
+        raise RefusedError(*refused)
 
 
-async def _require_admin(request: Request) -> None:
-    keys = _server().admin_keys
-    if not keys.required:
-        raise AdminDisabledError(ADMIN_OFF)
-    keys.check(request.headers.get("authorization"))
-
-
-@app.exception_handler(AdminDisabledError)
-async def _admin_disabled(request: Request, err: AdminDisabledError) -> JSONResponse:
-    return JSONResponse(error_body(str(err), None, 403, "permission_error"), status_code=403)
-
-
-@app.exception_handler(AuthenticationError)
-async def _unauthorized(request: Request, err: AuthenticationError) -> JSONResponse:
-    return JSONResponse(error_body(str(err), None, 401, "authentication_error"), status_code=401,
-                        headers={"WWW-Authenticate": "Bearer"})
+@app.exception_handler(RefusedError)
+async def _refused(request: Request, err: RefusedError) -> JSONResponse:
+    return JSONResponse(error_body(str(err), None, err.status, err.error_type), status_code=err.status,
+                        headers={"WWW-Authenticate": "Bearer"} if err.status == 401 else None)
 
 
 # Routes are plain functions bound to this process's server (not class methods), so the app
@@ -448,7 +441,7 @@ async def prometheus() -> Response:
     return _server().prometheus()
 
 
-v1 = APIRouter(prefix="/v1", dependencies=[Depends(_require_api_key)])
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(_gate)])
 
 
 @v1.get("/models")
@@ -468,7 +461,7 @@ async def chat_completions(request: Request) -> Response:
 
 app.include_router(v1)
 
-admin = APIRouter(prefix="/admin", dependencies=[Depends(_require_admin)])
+admin = APIRouter(prefix="/admin", dependencies=[Depends(_gate)])
 
 
 @admin.get("/drafters")
