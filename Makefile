@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
 STUBS   := deploy/service/proto/specfleet_pb2.py deploy/service/proto/specfleet_pb2_grpc.py
 
-.PHONY: install serve demo test cluster-deps bench specialists bench-specialists clean
+.PHONY: install serve demo test soak cluster-deps bench specialists bench-specialists clean
 
 install: $(STAMP) $(STUBS)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# torch first, at the version constraints.txt pins: the CPU build on disk (an unpinned torch
 	# pulls a multi-GB CUDA build; docs/install.md: the CPU build from PyTorch's index)
 	$(PIP) install -q -c constraints.txt torch
-	# editable, with the extras: test (pytest, openai, langchain-openai), bench (matplotlib for the
+	# editable, with the extras: test (pytest, openai, langchain-openai, schemathesis), bench (matplotlib for the
 	# charts), build (grpcio-tools and setuptools: the stub rule below, and tests/test_packaging.py's
 	# wheel build); every version as constraints.txt pins it
 	$(PIP) install -q -c constraints.txt -e '.[test,bench,build]'
@@ -40,10 +40,18 @@ demo: install
 	$(VENV)/bin/specfleet generate --prompt "Write a Python function that reverses a string, then explain it." --max-tokens 96
 
 # two stages: the suite, then the cluster tests (`ray start` nodes, `ray up` over SSH on loopback),
-# which end with `ray stop` and so must not share the machine's Ray with the first stage
+# which end with `ray stop` and so must not share the machine's Ray with the first stage; each stage
+# lists its slowest tests (the suite's time budget: README)
 test: install cluster-deps
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/cluster_stage tests
-	$(PY) -m pytest -q -p no:cacheprovider tests/cluster_stage
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 --ignore=tests/cluster_stage tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 tests/cluster_stage
+
+# not in `make test`: SOAK_MINUTES (default 30) of mixed traffic on the Ray service while drafters are
+# added, killed and removed; requests, errors by kind, p50/p99 and memory at warm-up and end (exit 1
+# on anything unexpected; docs/benchmarks.md)
+SOAK_MINUTES := 30
+soak: install
+	$(PY) -m deploy.bench.soak --minutes $(SOAK_MINUTES) --out bench-out/soak.json
 
 # what the loopback `ray up` test needs from Debian: sshd, rsync, nc (for ssh's ProxyCommand)
 cluster-deps:

@@ -58,12 +58,14 @@ def cluster_gpus() -> float:
 
 
 def here() -> dict:
-    """{"node": node id, "node_ip": address, "gpu": [Ray's GPU ids]} of the calling process."""
+    """{"node": node id, "node_ip": address, "gpu": [Ray's GPU ids], "pid": process id} of the calling process."""
+    import os
+
     import ray
 
     node = ray.get_runtime_context().get_node_id()
     address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node), None)  # the node's own
-    return {"node": node, "node_ip": address, "gpu": [str(g) for g in ray.get_gpu_ids()]}
+    return {"node": node, "node_ip": address, "gpu": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
 
 def actor_name() -> str:

@@ -141,12 +141,15 @@ def _require_free_port(flag: str, host: str, port: int) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from deploy.serve_flags import apply_flags
-    from deploy.service.app import load_serve_config, serve_forever
+    from deploy.service.app import load_serve_config, serve_config_yaml, serve_forever
 
     try:
         config_args, _ = load_serve_config(args.config)
     except (OSError, ValueError) as err:
         raise InvalidRequestError("--config", str(err)) from None
+    if args.print_config:
+        print(serve_config_yaml(args.config, apply_flags(config_args, args), args.host, args.port), end="")
+        return 0
     _require_free_port("--port", args.host, args.port)
     _require_free_port("--grpc-port", "127.0.0.1", args.grpc_port)
     serve_forever(apply_flags(config_args, args), host=args.host, port=args.port, grpc_port=args.grpc_port,
@@ -294,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--grpc-port", type=int, default=9000,
                      help="gRPC port (Serve's gRPC proxy, bound to 127.0.0.1; deploy/service/proto/specfleet.proto)")
     _pool_arg(srv)
+    srv.add_argument("--print-config", action="store_true",
+                     help="print the Serve config these flags make (for `serve deploy` on a cluster) and exit")
     srv.set_defaults(func=cmd_serve)
 
     dist = sub.add_parser("distill", help="distil a task drafter from the target's answers to a prompt file")

@@ -47,7 +47,8 @@ def test_the_cloud_config_has_a_cpu_head_and_gpu_worker_types_for_the_target_and
 def test_every_node_installs_the_pinned_project_and_runs_ray_with_token_authentication(name):
     config = load(name)
     assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"  # the tokens: files, not in the YAML
-    assert config["file_mounts"]["~/.specfleet/admin_token"] == "~/.specfleet/admin_token"
+    assert not any(".specfleet" in f"{remote} {local}" for remote, local in config["file_mounts"].items()), \
+        "specfleet's secrets go to the head alone (ray rsync-up), never to every node"
     setup = " ".join(config["setup_commands"])
     assert "make install" in setup and "RAY_AUTH_MODE=token" in setup
     assert any("ray start --head" in c and "--autoscaling-config" in c for c in config["head_start_ray_commands"])

@@ -2,7 +2,7 @@
 
 `build_app(args)` is the Serve config's `import_path` (deploy/serve_config.yaml): it validates the
 args (`ServiceConfig`), resolves the optional API keys (deploy/service/auth.py: SPECFLEET_API_KEYS, a key
-file), starts the drafter pool (cluster/pool.py: one named actor per drafter, its own GPU on a GPU
+file) on the head node, where the secrets live (cluster/head.py), starts the drafter pool (cluster/pool.py: one named actor per drafter, its own GPU on a GPU
 cluster, and the coordinator actor `specfleet:coordinator`), then binds the target deployment
 (one GPU per replica on a GPU cluster) behind the front deployment `SpecfleetFront`
 (deploy/service/front.py), the app's HTTP and gRPC ingress, which forwards every request over a Serve
@@ -33,12 +33,13 @@ from pathlib import Path
 
 import yaml
 
+from cluster.head import on_head
 from cluster.local import connect, listening_hosts, shutdown
 from cluster.placement import cluster_gpus
 from cluster.pool import start_pool, stop_pool
 from cluster.resources import target_gpus
 from deploy.config import ServiceConfig
-from deploy.service.auth import ApiKeys, ensure_admin_token
+from deploy.service.auth import ApiKeys, ensure_admin_token, service_keys
 from deploy.service.front import SpecfleetFront, front_app
 from deploy.service.server import SpecfleetServer
 
@@ -55,8 +56,8 @@ def build_app(args: dict):
     from ray import serve
 
     config = ServiceConfig.model_validate(args or {})
-    api_keys = ApiKeys.resolve(os.environ, config.api_key_file)  # before any actor starts: fail fast
-    admin_keys = ApiKeys.admin(os.environ)
+    # read where the secrets live, the head node (cluster/head.py), before any actor starts: fail fast
+    api_keys, admin_keys = on_head(service_keys, config.api_key_file)
     start_pool(config)
     num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
     target = serve.deployment(name="SpecfleetServer", ray_actor_options={
@@ -66,6 +67,18 @@ def build_app(args: dict):
     replica = target.bind(config.model_dump(), coordinator="actor", api_keys=api_keys, admin_keys=admin_keys)
     return front.bind(replica, config.max_request_bytes, config.model_name, api_keys=api_keys, admin_keys=admin_keys,
                       pool_config=config.model_dump())
+
+
+def serve_config_yaml(path: str | Path, args: dict, host: str, port: int) -> str:
+    """The Serve config at `path` with the specfleet application's args replaced by `args` and HTTP
+    on host:port: what `specfleet serve --print-config` prints for `serve deploy` on a cluster."""
+    ServiceConfig.model_validate(args)  # errors name the field (and so the flag)
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    for app in document.get("applications", []):
+        if app.get("name") == APP_NAME:
+            app["args"] = args
+    document["http_options"] = (document.get("http_options") or {}) | {"host": host, "port": port}
+    return yaml.safe_dump(document, sort_keys=False)
 
 
 def load_serve_config(path: str | Path) -> tuple[dict, dict]:

@@ -144,6 +144,11 @@ class ApiKeys:
         return f"ApiKeys({len(self.digests)} key{'s' if len(self.digests) != 1 else ''})"
 
 
+def service_keys(key_file: str | None) -> tuple[ApiKeys, ApiKeys]:
+    """(the API keys, the admin tokens) as this process's environment and files configure them."""
+    return ApiKeys.resolve(os.environ, key_file), ApiKeys.admin(os.environ)
+
+
 def ensure_admin_token(environ: Mapping[str, str] = os.environ) -> Path | None:
     """`specfleet serve`'s first start: with no admin token configured, write a new one to
     ~/.specfleet/admin_token (0600, in a 0700 directory) for the CLI and the service to share.

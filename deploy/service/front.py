@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deploy.service.auth import ApiKeys, AuthenticationError, refusal
 from deploy.service.openai_api import error_body, sse_event, too_large_body
 
-front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
+front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None, openapi_url=None)  # the replica's schema
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
 
 

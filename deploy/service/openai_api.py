@@ -6,7 +6,8 @@ what clients send (content parts, `developer`, `tool`; checked against the chat 
 deploy/spec/chat_messages.py). No field a client sends is silently lost: a field this server
 does not act on is refused (400 naming it) unless it has its neutral value (`NEUTRAL_VALUES`:
 penalties, `logit_bias`, `tools`, `response_format`, ...), and any other unknown field is
-accepted and named in the response header `IGNORED_FIELDS_HEADER` (`specfleet-ignored-fields`).
+accepted and named in the response header `IGNORED_FIELDS_HEADER` (`specfleet-ignored-fields`;
+`ignored_fields_header`: percent-encoded, the first 16).
 Responses add, when the config's `request_metrics` is on, `metrics.speculative_decoding` in vLLM's
 per-request shape plus `per_drafter` (summed over the response's choices), and `logprobs` in OpenAI's chat or completions shape.
 """
@@ -17,14 +18,17 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actors.sampling import MAX_TOP_LOGPROBS
+from actors.sampling import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, SEED_RANGE
+from deploy.spec.chat_messages import CHAT_ROLES
 from deploy.spec.engine import GenerationResult
 from deploy.spec.logprobs import TokenLogprob
 
 IGNORED_FIELDS_HEADER = "specfleet-ignored-fields"
+MAX_NAMED_IGNORED = 16  # names in that header at most
 MAX_PROMPTS = 64  # prompts in one completions request (a list prompt: one choice each)
 # Fields OpenAI clients send that this server does not act on: accepted at these neutral values
 # (and null), refused by name otherwise, so that what a client asked for is never silently dropped.
@@ -55,19 +59,26 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _bounds(**schema) -> dict:
+    """A field's bounds for the OpenAPI schema only: the server checks them itself (actors/sampling.py,
+    the routes), with errors that name the field."""
+    return {"json_schema_extra": schema}
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields: see unsupported_field / ignored_fields
     model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(default=None, **_bounds(minimum=1))
+    temperature: float | None = Field(default=None, **_bounds(minimum=0))
+    top_p: float | None = Field(default=None, **_bounds(exclusiveMinimum=0, maximum=1))
+    top_k: int | None = Field(default=None, **_bounds(minimum=0))
+    seed: int | None = Field(default=None, **_bounds(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]))
+    stop: str | list[str] | None = Field(default=None, **_bounds(
+        minLength=1, maxLength=MAX_STOP_CHARS, maxItems=MAX_STOP, items={"minLength": 1, "maxLength": MAX_STOP_CHARS}))
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    best_of: int | None = None
+    n: int = Field(default=1, **_bounds(minimum=1, maximum=1))
+    best_of: int | None = Field(default=None, **_bounds(minimum=1, maximum=1))
     return_token_ids: bool = False  # extension (as in vLLM): choices[0].token_ids
     cache_salt: str | None = Field(default=None, max_length=256)  # extension (as in vLLM): its own drafter caches
 
@@ -76,7 +87,7 @@ class ChatMessage(BaseModel):
     """The shape only; roles and content are checked against the template (deploy/spec/chat_messages.py)."""
 
     model_config = ConfigDict(extra="ignore")  # `name` and the like: not rendered by chat templates
-    role: str
+    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})  # the schema's roles; checked by chat_messages
     content: str | list[dict] | None = None
     tool_calls: list[dict] | None = None
     tool_call_id: str | None = None
@@ -87,7 +98,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, **_bounds(minimum=1))
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -126,6 +137,14 @@ def unsupported_field(body: dict) -> tuple[str, str] | None:
 def ignored_fields(request: _SamplingFields) -> list[str]:
     """Fields the request carried that nothing reads (metadata such as `user`, or unknown names)."""
     return sorted(set(request.model_extra or {}) - set(NEUTRAL_VALUES))
+
+
+def ignored_fields_header(names: Sequence[str]) -> str:
+    """The `IGNORED_FIELDS_HEADER` value: the first MAX_NAMED_IGNORED names, percent-encoded (a
+    header is ASCII, and a name may hold any character, commas included), comma-separated, then
+    `+N` when N more were left out."""
+    shown = [quote(name, safe="") for name in names[:MAX_NAMED_IGNORED]]
+    return ",".join(shown + ([f"+{len(names) - MAX_NAMED_IGNORED}"] if len(names) > MAX_NAMED_IGNORED else []))
 
 
 def error_body(message: str, param: str | None, status: int, error_type: str = "invalid_request_error",

@@ -29,8 +29,9 @@ import os
 import socket
 import threading
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -52,6 +53,7 @@ from deploy.service.openai_api import (
     completion_body,
     error_body,
     ignored_fields,
+    ignored_fields_header,
     new_id,
     sse_event,
     too_large_body,
@@ -59,6 +61,7 @@ from deploy.service.openai_api import (
     usage_chunk_body,
     validation_error_body,
 )
+from deploy.service.openapi import ADMIN_ERRORS, STREAMED, V1_ERRORS, install_schema, json_body
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
 from policy.coordinator import Coordinator
@@ -202,7 +205,7 @@ class SpecfleetServer:
         if isinstance(parsed, Response):
             return parsed
         req, prompts, ignored = parsed
-        headers = {IGNORED_FIELDS_HEADER: ",".join(ignored)} if ignored else None
+        headers = {IGNORED_FIELDS_HEADER: ignored_fields_header(ignored)} if ignored else None
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -416,8 +419,10 @@ class RefusedError(Exception):
         self.status, self.error_type = status, error_type
 
 
-async def _gate(request: Request) -> None:
-    """The ingress's key check (deploy/service/auth.refusal) again, for this app served without the front."""
+async def _gate(request: Request,
+                _bearer: HTTPAuthorizationCredentials | None = Security(HTTPBearer(auto_error=False))) -> None:
+    """The ingress's key check (deploy/service/auth.refusal) again, for this app served without the
+    front; `_bearer` declares the Bearer scheme in the OpenAPI schema."""
     server = _server()
     if refused := refusal(request.url.path, request.headers.get("authorization"), server.api_keys, server.admin_keys):
         raise RefusedError(*refused)
@@ -441,7 +446,7 @@ async def prometheus() -> Response:
     return _server().prometheus()
 
 
-v1 = APIRouter(prefix="/v1", dependencies=[Depends(_gate)])
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(_gate)], responses=V1_ERRORS)
 
 
 @v1.get("/models")
@@ -449,19 +454,19 @@ async def models() -> dict:
     return _server().models()
 
 
-@v1.post("/completions")
+@v1.post("/completions", openapi_extra=json_body(CompletionRequest), responses=STREAMED)
 async def completions(request: Request) -> Response:
     return await _server().serve_request(request, chat=False)
 
 
-@v1.post("/chat/completions")
+@v1.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest), responses=STREAMED)
 async def chat_completions(request: Request) -> Response:
     return await _server().serve_request(request, chat=True)
 
 
 app.include_router(v1)
 
-admin = APIRouter(prefix="/admin", dependencies=[Depends(_gate)])
+admin = APIRouter(prefix="/admin", dependencies=[Depends(_gate)], responses=ADMIN_ERRORS)
 
 
 @admin.get("/drafters")
@@ -469,7 +474,7 @@ async def list_drafters() -> Response:
     return await _server().list_drafters()
 
 
-@admin.post("/drafters")
+@admin.post("/drafters", status_code=201, openapi_extra=json_body(DrafterConfig))
 async def add_drafter(request: Request) -> Response:
     return await _server().add_drafter(request)
 
@@ -480,3 +485,4 @@ async def remove_drafter(name: str) -> Response:
 
 
 app.include_router(admin)
+install_schema(app, [CompletionRequest, ChatCompletionRequest, DrafterConfig])

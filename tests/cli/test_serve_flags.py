@@ -110,3 +110,16 @@ def test_the_admin_commands_find_the_service_at_specfleet_url(monkeypatch, capsy
     monkeypatch.setenv("SPECFLEET_URL", url)
     assert main(["drafters", "list"]) == 1
     assert f"cannot reach the service at {url}" in capsys.readouterr().err
+
+
+def test_print_config_writes_the_serve_config_the_flags_make_for_serve_deploy(capsys):
+    import yaml
+
+    assert main(["serve", "--policy", "thompson", "--api-key-file", "~/.specfleet/api_keys", "--port", "8100",
+                 "--print-config"]) == 0
+    document = yaml.safe_load(capsys.readouterr().out)
+    app = next(a for a in document["applications"] if a["name"] == "specfleet")
+    assert app["args"] == serve_args("--policy", "thompson", "--api-key-file", "~/.specfleet/api_keys")
+    assert app["import_path"] == "deploy.service.app:build_app" and document["http_options"]["port"] == 8100
+    assert main(["serve", "--top-p", "3", "--print-config"]) == 2
+    assert "--top-p" in capsys.readouterr().err

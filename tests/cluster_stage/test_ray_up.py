@@ -1,6 +1,7 @@
 """The deployment path end to end on loopback, with the runbook's commands (docs/cluster.md): `ray up` the loopback variant of ray_config.yaml over SSH to 127.0.0.1 (rsync the
-project, `make install`, start the head with token authentication), `serve deploy` the service
-config on the head, get one generation over HTTP equal to plain decoding, `specfleet status`,
+project, `make install`, start the head with token authentication), `ray rsync-up` specfleet's
+secrets to the head, `serve deploy` the config `specfleet serve --print-config` writes there (API
+keys on), get one keyed generation over HTTP equal to plain decoding (401 without a key), `specfleet status`,
 then `ray down` leaving no Ray process behind."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import secrets
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 URL = "http://127.0.0.1:8000"  # deploy/serve_config.yaml's http_options
 MAX_TOKENS = 24
+SECRETS = [Path("~/.specfleet/admin_token").expanduser(), Path("~/.specfleet/api_keys").expanduser()]
 RAY_PROCESSES = ("raylet", "gcs_server", "ray::", "dashboard.py", "monitor.py", "log_monitor.py")
 
 
@@ -64,17 +67,20 @@ def loopback_config(loopback_sshd, tmp_path_factory):
                       "ssh_proxy_command": loopback_sshd.proxy_command}
     path = tmp_path_factory.mktemp("cluster") / "loopback.yaml"
     path.write_text(yaml.safe_dump(config))
-    run(RAY, "get-auth-token", "--generate")  # the runbook's first steps: the Ray token, the admin token
-    admin_token = Path("~/.specfleet/admin_token").expanduser()
-    if not admin_token.is_file():
-        admin_token.parent.mkdir(mode=0o700, exist_ok=True)
-        admin_token.write_text(secrets.token_urlsafe(32) + "\n")
-        admin_token.chmod(0o600)
+    run(RAY, "get-auth-token", "--generate")  # the runbook's first steps: the Ray token, specfleet's secrets
+    created = [secret for secret in SECRETS if not secret.is_file()]
+    for secret in created:
+        secret.parent.mkdir(mode=0o700, exist_ok=True)
+        secret.write_text(secrets.token_urlsafe(32) + "\n")
+        secret.chmod(0o600)
     try:
         run(RAY, "up", "-y", "--no-config-cache", str(path), timeout=900)
+        run(RAY, "rsync-up", str(path), "~/.specfleet/", "~/.specfleet/")  # the head alone
         yield str(path)
     finally:
         run(RAY, "down", "-y", str(path))
+        for secret in created:
+            secret.unlink()
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +89,14 @@ def plain(target):
 
 
 def test_ray_up_serve_deploy_answers_exactly_then_ray_down_leaves_nothing(loopback_config, plain):
-    run(RAY, "exec", loopback_config,
-        "serve deploy ~/specfleet/deploy/serve_config.yaml")
+    run(RAY, "exec", loopback_config, "specfleet serve --api-key-file ~/.specfleet/api_keys --print-config "
+                                      "> ~/serve.yaml && serve deploy ~/serve.yaml")
     wait_until_serving()
-    assert chat_text(URL, CHAT_PROMPTS[1], MAX_TOKENS) == plain
+    api_key = SECRETS[1].read_text().split()[0]
+    assert chat_text(URL, CHAT_PROMPTS[1], MAX_TOKENS, api_key) == plain
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the runbook's service is keyed
+        urllib.request.urlopen(f"{URL}/v1/models", timeout=30)
+    assert refused.value.code == 401
 
     run(RAY, "exec", loopback_config, "specfleet drafters add ngram-2 --kind ngram")
     assert "ngram-2" in run(RAY, "exec", loopback_config, "specfleet drafters list")

@@ -2,11 +2,14 @@
 LangChain's ChatOpenAI: content parts, `developer`, list prompts, logprobs, and no field silently
 lost (refused by name, or listed in the `specfleet-ignored-fields` header). Greedy answers equal
 plain decoding on every path."""
+from urllib.parse import unquote
+
 import pytest
 
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
+from deploy.service.openai_api import ignored_fields_header
 from deploy.spec.engine import SpeculativeEngine
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
@@ -74,6 +77,13 @@ def test_unknown_fields_are_served_and_named_in_a_header(client, plain):
         user="analyst-7", extra_body={"priority": 3})
     assert raw.headers["specfleet-ignored-fields"] == "priority,user"
     assert raw.parse().choices[0].message.content == plain["question"]
+
+
+def test_the_ignored_fields_header_is_ascii_and_names_sixteen_at_most():
+    names = ["user", "clé,2", *(f"x{i:02}" for i in range(20))]
+    value = ignored_fields_header(names)
+    assert value.isascii()
+    assert [unquote(name) for name in value.split(",")[:17]] == names[:16] + ["+6"]
 
 
 @pytest.mark.parametrize(

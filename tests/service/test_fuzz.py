@@ -1,0 +1,112 @@
+"""A schema-driven fuzz of the HTTP API: schemathesis generates requests from the service's own
+OpenAPI schema (GET /openapi.json), bodies that fit it and bodies that break it (and, for the
+latter, keys that break the security scheme), and CLIENTS threads send them to the shared Ray
+service over HTTP, a valid key on each. Every answer comes within the timeout (no hang),
+is below 500, has a status the schema declares, and an error is OpenAI's shape; after the fuzz the
+service still answers greedy requests exactly as plain target decoding does.
+
+Requests that fit the schema name the served model (any other name is a 404 before the rest of
+the body is read) and ask for at most MAX_NEW_TOKENS tokens, so the fuzz exercises validation,
+chat templates, sampling and streaming rather than long generations. The admin routes that change
+the pool (POST, DELETE) are left out: they would start and stop actors of the shared service
+(tests/service/test_service_admin.py covers their bad input)."""
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+
+from tests.conftest import CHAT_PROMPTS, chat_text, plain_text
+
+pytestmark = [pytest.mark.ray, pytest.mark.model]
+
+MODEL = "smollm2-135m"
+MAX_NEW_TOKENS = 2
+TIMEOUT_S = 60  # a request unanswered this long is a hang
+# (path, method) -> examples per generation mode; hypothesis stops early where the schema allows
+# fewer distinct requests (the GETs without parameters)
+EXAMPLES = {
+    ("/v1/chat/completions", "POST"): 500,
+    ("/v1/completions", "POST"): 500,
+    ("/v1/models", "GET"): 20,
+    ("/admin/drafters", "GET"): 20,
+    ("/health", "GET"): 20,
+    ("/metrics", "GET"): 20,
+}
+MIN_REQUESTS = 2000
+CLIENTS = 8  # requests in flight at once
+
+
+def _within_bounds(body: object) -> object:
+    """A fitting body, made to name the served model and ask for a few tokens only."""
+    if isinstance(body, dict):
+        body["model"] = MODEL
+        for field in ("max_tokens", "max_completion_tokens"):
+            value = body.get(field)
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW_TOKENS):
+                body[field] = MAX_NEW_TOKENS
+    return body
+
+
+def _generated(operation, mode: GenerationMode, examples: int) -> list:
+    """Up to `examples` distinct requests for `operation` in `mode` (hypothesis, from the schema;
+    derandomized, so CI sends the same ones every run)."""
+    cases = []
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(mode))
+    def collect(case):
+        if mode is GenerationMode.POSITIVE and case.body is not None:
+            case.body = _within_bounds(case.body)
+        cases.append(case)
+
+    collect()
+    return cases
+
+
+def _answer(service, case) -> tuple[str, str, int, str | None]:
+    """(path, method, status, what is wrong with the error body or None) for one generated request."""
+    token = service.admin_token if case.operation.path.startswith("/admin") else service.api_key
+    response = case.call(base_url=service.url, headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT_S)
+    problem = None
+    if response.status_code >= 400:
+        try:
+            error = response.json()["error"]
+            if not (error["message"] and error["type"]):
+                problem = response.text[:300]
+        except (ValueError, KeyError, TypeError):
+            problem = response.text[:300]
+    return case.operation.path, case.method, response.status_code, problem
+
+
+def test_thousands_of_generated_requests_get_no_server_error_and_the_service_stays_exact(service, target):
+    schema = schemathesis.openapi.from_url(f"{service.url}/openapi.json", timeout=TIMEOUT_S)
+    cases = []
+    for (path, method), examples in EXAMPLES.items():
+        operation = schema[path][method]
+        cases += _generated(operation, GenerationMode.POSITIVE, examples)
+        if operation.body:  # a schema to break
+            cases += _generated(operation, GenerationMode.NEGATIVE, examples)
+    with ThreadPoolExecutor(CLIENTS) as pool:  # a hang raises requests' Timeout here
+        answers = list(pool.map(lambda case: _answer(service, case), cases))
+    print(f"fuzz: {len(answers)} requests; (path, status): count",
+          dict(sorted(Counter((path, status) for path, _, status, _ in answers).items())))
+
+    assert len(answers) >= MIN_REQUESTS
+    server_errors = [answer for answer in answers if answer[2] >= 500]
+    assert not server_errors, server_errors[:5]
+    undeclared = [answer for answer in answers if str(answer[2]) not in schema[answer[0]][answer[1]].definition.raw["responses"]]
+    assert not undeclared, undeclared[:5]
+    not_openai_errors = [answer for answer in answers if answer[3] is not None]
+    assert not not_openai_errors, not_openai_errors[:5]
+    assert any(status == 200 for path, _, status, _ in answers if path == "/v1/chat/completions")
+    assert any(status == 400 for path, _, status, _ in answers if path == "/v1/completions")
+
+    assert requests.get(f"{service.url}/health", timeout=TIMEOUT_S).status_code == 200
+    assert chat_text(service.url, CHAT_PROMPTS[0], 24, service.api_key) == plain_text(target, CHAT_PROMPTS[0], 24)
