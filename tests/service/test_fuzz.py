@@ -3,10 +3,11 @@ OpenAPI schema (GET /openapi.json), bodies that fit it and bodies that break it 
 latter, keys that break the security scheme), and CLIENTS threads send them to the shared Ray
 service over HTTP, a valid key on each. Every answer comes within the timeout (no hang),
 is below 500, has a status the schema declares, and an error is OpenAI's shape; after the fuzz the
-service still answers greedy requests exactly as plain target decoding does.
+service has finished every request (the coordinator holds none) and still answers greedy requests
+exactly as plain target decoding does.
 
 Requests that fit the schema name the served model (any other name is a 404 before the rest of
-the body is read) and ask for at most MAX_NEW_TOKENS tokens, so the fuzz exercises validation,
+the body is read) and ask for at most MAX_NEW_TOKENS tokens for at most MAX_PROMPTS prompts, so the fuzz exercises validation,
 chat templates, sampling and streaming rather than long generations. The admin routes that change
 the pool (POST, DELETE) are left out: they would start and stop actors of the shared service
 (tests/service/test_service_admin.py covers their bad input)."""
@@ -22,11 +23,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
 from tests.conftest import CHAT_PROMPTS, chat_text, plain_text
+from tests.service.test_service_faults import coordinator_stats, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.model]
 
 MODEL = "smollm2-135m"
 MAX_NEW_TOKENS = 2
+MAX_PROMPTS = 4  # per completions request (the server takes 64: a backlog of those is a load test, not a fuzz)
 TIMEOUT_S = 60  # a request unanswered this long is a hang
 # (path, method) -> examples per generation mode; hypothesis stops early where the schema allows
 # fewer distinct requests (the GETs without parameters)
@@ -43,9 +46,12 @@ CLIENTS = 8  # requests in flight at once
 
 
 def _within_bounds(body: object) -> object:
-    """A fitting body, made to name the served model and ask for a few tokens only."""
+    """A fitting body, made to name the served model and ask for a few tokens for a few prompts only."""
     if isinstance(body, dict):
         body["model"] = MODEL
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            body["prompt"] = prompt[:MAX_PROMPTS]
         for field in ("max_tokens", "max_completion_tokens"):
             value = body.get(field)
             if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW_TOKENS):
@@ -109,4 +115,5 @@ def test_thousands_of_generated_requests_get_no_server_error_and_the_service_sta
     assert any(status == 400 for path, _, status, _ in answers if path == "/v1/completions")
 
     assert requests.get(f"{service.url}/health", timeout=TIMEOUT_S).status_code == 200
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 120, "every fuzzed request to be finished")
     assert chat_text(service.url, CHAT_PROMPTS[0], 24, service.api_key) == plain_text(target, CHAT_PROMPTS[0], 24)
