@@ -81,7 +81,8 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= sampling.top_p  # never drops the top token (mass_before = 0)
+        drop_sorted = mass_before >= sampling.top_p
+        drop_sorted[..., 0] = False  # the top token stays (a top_p below float32's range compares as 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return torch.softmax(logits, dim=-1)

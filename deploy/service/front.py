@@ -27,6 +27,8 @@ Plain classes and FastAPI routes: deploy/service/app.py applies `serve.ingress` 
 """
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -35,12 +37,14 @@ from deploy.service.openai_api import error_body, sse_event, too_large_body
 
 front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None, openapi_url=None)  # the replica's schema
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
+logger = logging.getLogger("specfleet")
 
 
 def _failure(err: BaseException) -> tuple[int, dict]:
     """The status and OpenAI-style body for a request its replica could not answer."""
     from ray.exceptions import RayTaskError
 
+    logger.warning("the target replica did not answer a request: %r", err, exc_info=err)
     if isinstance(err, RayTaskError):  # the replica's own code raised
         return 500, error_body("the target replica failed to handle the request", None, 500, "internal_error")
     return 503, error_body("the target replica is unavailable (it failed or is restarting); retry the request",

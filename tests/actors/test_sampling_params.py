@@ -83,3 +83,17 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p():
 def test_top_p_always_keeps_the_most_likely_token():
     probs = warp_probs(torch.tensor([5.0, 0.0, 0.0]), SamplingParams(temperature=1.0, top_p=0.01))
     assert probs.tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-50])  # below float32's smallest: 0 in the comparison
+def test_a_top_p_too_small_for_float32_still_keeps_the_most_likely_token(top_p):
+    probs = warp_probs(torch.tensor([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), SamplingParams(temperature=1.0, top_p=top_p))
+    assert not probs.isnan().any()
+    assert probs.sum(dim=-1).tolist() == [1.0, 1.0]
+    assert probs[0].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_a_huge_temperature_samples_uniformly_and_never_yields_nan():
+    probs = warp_probs(torch.tensor([5.0, 0.0, -3.0, 1.0]), SamplingParams(temperature=1e308, top_p=1e-300, top_k=3))
+    assert not probs.isnan().any()
+    assert probs.sum().item() == pytest.approx(1.0)
