@@ -108,7 +108,7 @@ def service(tmp_path_factory):
     flags = build_parser().parse_args([
         "serve", "smollm2-135m", "--drafters", "ngram,suffix,hierarchy,none", "--policy", "metasd-ucb-cost",
         "--verify", "tree", "--k", "7", "--api-key-file", str(key_file), "--draft-timeout-s", "2",
-        "--request-ttl-s", "15", "--request-metrics"])
+        "--request-ttl-s", "15", "--request-metrics", "--max-queued-requests", "16"])
     args = apply_flags(load_serve_config(DEFAULT_CONFIG)[0], flags)
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment

@@ -6,7 +6,9 @@ file) on the head node, where the secrets live (cluster/head.py), starts the dra
 cluster, and the coordinator actor `specfleet:coordinator`), then binds the target deployment
 (one GPU per replica on a GPU cluster) behind the front deployment `SpecfleetFront`
 (deploy/service/front.py), the app's HTTP and gRPC ingress, which forwards every request over a Serve
-handle and turns a replica that fails mid-request into a 503 / UNAVAILABLE. This is the only
+handle and turns a replica that fails mid-request into a 503 / UNAVAILABLE. Each target replica
+generates at most `max_ongoing_requests` at once; at most `max_queued_requests` wait at the front
+for one, and the front refuses the rest (503 with Retry-After, RESOURCE_EXHAUSTED). This is the only
 place `serve.deployment(...)` and `.bind(...)` run.
 
 The admin token (deploy/service/auth.py `ApiKeys.admin`: SPECFLEET_ADMIN_TOKEN, its file, or
@@ -60,7 +62,8 @@ def build_app(args: dict):
     api_keys, admin_keys = on_head(service_keys, config.api_key_file)
     start_pool(config)
     num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
-    target = serve.deployment(name="SpecfleetServer", ray_actor_options={
+    target = serve.deployment(name="SpecfleetServer", max_ongoing_requests=config.max_ongoing_requests,
+                              max_queued_requests=config.max_queued_requests, ray_actor_options={
         "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(SpecfleetServer)
     front = serve.deployment(name="SpecfleetFront", max_ongoing_requests=FRONT_MAX_ONGOING,
                              ray_actor_options={"num_cpus": 0})(serve.ingress(front_app)(SpecfleetFront))

@@ -11,7 +11,9 @@ body over `max_request_bytes` is refused here (413): by its Content-Length befor
 and a chunked one as soon as what has arrived passes the limit. When the replica fails (it died,
 was restarted by Serve, or is unavailable), a request still waiting for its answer gets 503 with
 an OpenAI-style JSON error; a stream already under way ends with an SSE error event (the same
-body) and `data: [DONE]`. An exception inside the replica's code is a 500 JSON error.
+body) and `data: [DONE]`. An exception inside the replica's code is a 500 JSON error. A request
+refused because `max_queued_requests` already wait for a replica (Serve's BackPressureError) is
+a 503 with `Retry-After`, before anything reaches a replica (gRPC: RESOURCE_EXHAUSTED).
 
 gRPC (Serve's gRPC proxy calls the ingress's methods by RPC name): `Generate` and
 `GenerateStream` are forwarded to the replica's `grpc`, which runs the same methods with a
@@ -38,17 +40,28 @@ from deploy.service.openai_api import error_body, sse_event, too_large_body
 front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None, openapi_url=None)  # the replica's schema
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
 logger = logging.getLogger("specfleet")
+RETRY_AFTER_S = 1  # what an overloaded front tells a refused client to wait
 
 
-def _failure(err: BaseException) -> tuple[int, dict]:
-    """The status and OpenAI-style body for a request its replica could not answer."""
+def _overloaded(err: BaseException) -> bool:
+    from ray.serve.exceptions import BackPressureError
+
+    return isinstance(err, BackPressureError)
+
+
+def _failure(err: BaseException) -> tuple[int, dict, dict[str, str]]:
+    """The status, OpenAI-style body and headers for a request its replica could not answer."""
     from ray.exceptions import RayTaskError
 
+    if _overloaded(err):  # max_queued_requests already wait: refused before reaching a replica
+        return 503, error_body("the service is overloaded (every target replica is busy and the queue is full); "
+                               f"retry after {RETRY_AFTER_S} s", None, 503, "service_unavailable_error"), \
+            {"Retry-After": str(RETRY_AFTER_S)}
     logger.warning("the target replica did not answer a request: %r", err, exc_info=err)
     if isinstance(err, RayTaskError):  # the replica's own code raised
-        return 500, error_body("the target replica failed to handle the request", None, 500, "internal_error")
+        return 500, error_body("the target replica failed to handle the request", None, 500, "internal_error"), {}
     return 503, error_body("the target replica is unavailable (it failed or is restarting); retry the request",
-                           None, 503, "service_unavailable_error")
+                           None, 503, "service_unavailable_error"), {}
 
 
 class BodyTooLargeError(Exception):
@@ -94,15 +107,15 @@ class SpecfleetFront:
         try:
             status, headers = await answer.__anext__()
         except Exception as err:  # noqa: BLE001 - the replica never answered
-            code, error = _failure(err)
-            return JSONResponse(error, status_code=code)
+            code, error, extra = _failure(err)
+            return JSONResponse(error, status_code=code, headers=extra)
         kept = {k: v for k, v in headers if k.lower() not in _HOP_HEADERS}
         if kept.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(self._relay(answer), status_code=status, headers=kept)
         try:
             content = b"".join([chunk async for chunk in answer])
         except Exception as err:  # noqa: BLE001 - the replica failed before the body was complete
-            code, error = _failure(err)
+            code, error, _ = _failure(err)
             return JSONResponse(error, status_code=code)
         return Response(content, status_code=status, headers=kept)
 
@@ -121,7 +134,7 @@ class SpecfleetFront:
             async for chunk in answer:
                 yield chunk
         except Exception as err:  # noqa: BLE001 - mid-stream: an error event, then the end
-            _, error = _failure(err)
+            _, error, _ = _failure(err)
             yield (sse_event(error) + sse_event("[DONE]")).encode()
 
     # ---- gRPC: specfleet.v1.Specfleet, forwarded ------------------------------------------------
@@ -142,9 +155,9 @@ class SpecfleetFront:
     def _unavailable(grpc_context, err: BaseException) -> None:
         import grpc
 
-        _, error = _failure(err)
+        _, error, _ = _failure(err)
         if grpc_context is not None:
-            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE)
+            grpc_context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED if _overloaded(err) else grpc.StatusCode.UNAVAILABLE)
             grpc_context.set_details(error["error"]["message"])
 
     async def Generate(self, request, grpc_context=None):

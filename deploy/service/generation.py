@@ -10,8 +10,9 @@
 - An engine failure other than bad input becomes `TargetUnavailableError` (the cause is chained
   and logged here, not put in the message).
 - `TrackedEngine(engine, metrics)`: the engine as one generation sees it; it counts the request
-  waiting (accepted, no worker thread yet), then running, on the replica's gauges, and a request
-  abandoned before its thread starts (`close()`) never generates.
+  waiting (accepted, no worker thread yet), then running, on the replica's gauges. A request
+  abandoned (`close()`: its coroutine was cancelled because the client left, or it failed) never
+  starts, or ends before its next round with its cache and drafter sessions freed.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
-from deploy.spec.engine import GenerationResult, SpeculativeEngine
+from deploy.spec.engine import ABORT, GenerationResult, SpeculativeEngine
 from deploy.spec.target import TargetModel
 
 logger = logging.getLogger("specfleet")
@@ -117,13 +118,16 @@ class TrackedEngine:
             self._started = True
             self.metrics.request_started()
         try:
-            return self.engine.run(*args, **kwargs)
+            result = self.engine.run(*args, abandoned=lambda: self._closed, **kwargs)
         finally:
             self.metrics.request_finished()
+        if result.finish_reason == ABORT:  # nobody is left to observe it
+            self.metrics.observe_work(result)
+        return result
 
     def close(self) -> None:
         """The request's coroutine is done (answered, failed or cancelled): a generation not yet
-        started never will be."""
+        started never will be, and one running ends before its next round (the client left)."""
         with self._lock:
             if not self._started and not self._closed:
                 self.metrics.request_finished(started=False)

@@ -1,6 +1,7 @@
 """Prometheus metrics of the service (names of docs/design.md, mirroring vLLM, plus a `drafter` label).
 
-`ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request; `render()` returns the
+`ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request (`observe_work(result)`
+one abandoned by its client: `request_success_total{finished_reason="abort"}`); `render()` returns the
 Prometheus text exposition. Each replica has its own registry, and every sample carries the labels
 `model_name` (the served name, as vLLM's dashboards expect) and `replica` (which replica answered
 the scrape, so series from several replicas never mix); nothing secret is ever a label.
@@ -80,6 +81,14 @@ class ServiceMetrics:
         (self.running if started else self.waiting).dec()
 
     def observe(self, result: GenerationResult, ttft_s: float | None, e2e_s: float) -> None:
+        self.observe_work(result)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        self.e2e.observe(e2e_s)
+
+    def observe_work(self, result: GenerationResult) -> None:
+        """What a request cost and drafted, without latencies: alone for one its client abandoned
+        (finished_reason "abort"), whose latency nobody saw."""
         for r in result.rounds:
             for arm in r.drafter.split("+"):  # a multi-draft round pulls each of its arms
                 self.pulls.labels(arm).inc()
@@ -96,9 +105,6 @@ class ServiceMetrics:
         self.generation_tokens.inc(len(result.token_ids))
         self.target_forwards.inc(len(result.rounds))
         self.request_success.labels(result.finish_reason).inc()
-        if ttft_s is not None:
-            self.ttft.observe(ttft_s)
-        self.e2e.observe(e2e_s)
 
     def render(self) -> bytes:
         return generate_latest(_Labelled(self.registry, self.labels))

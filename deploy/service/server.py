@@ -211,9 +211,12 @@ class SpecfleetServer:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._stream(request_id, chat, prompts, include_usage),
                                      media_type="text/event-stream", headers=headers)
+        generations = [asyncio.ensure_future(self._generate(ids, sampling)) for ids, sampling in prompts]
         try:
-            finished = await asyncio.gather(*(self._generate(ids, sampling) for ids, sampling in prompts))
+            finished = await asyncio.gather(*generations)
         except TargetUnavailableError as err:
+            for generation in generations:  # the other prompts' answers would go nowhere: end them
+                generation.cancel()
             return JSONResponse(_unavailable(err), status_code=503)
         for done in finished:
             self._observe(done)

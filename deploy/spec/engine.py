@@ -24,14 +24,15 @@ sequential: the coordinator drafts the cheap drafters first and defers the model
 second call, sized here). The no-draft arm, empty proposals or a one-token budget make the round a
 plain target step. What forwards and drafting cost comes from the cost model
 (deploy/spec/cost_model.py). Greedy output equals plain decoding token for token; sampled output
-follows the target's distribution.
+follows the target's distribution. A request whose caller has left (`run(abandoned=...)`) ends
+before its next round, its cache and drafter sessions freed.
 """
 from __future__ import annotations
 
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -54,6 +55,7 @@ from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 from policy.reward import BD, COST, round_reward
 
 MAX_K = 32
+ABORT = "abort"  # the finish reason of a request whose caller left (vLLM's name)
 PLAIN_DRAFT = Proposal(drafter=NO_DRAFT)  # an empty draft: a plain step
 
 
@@ -81,7 +83,7 @@ class RoundTrace:
 class GenerationResult:
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (the caller left: `run(abandoned=...)`)
     prompt_tokens: int
     rounds: list[RoundTrace] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when the request asked (sampling.logprobs)
@@ -217,11 +219,17 @@ class SpeculativeEngine:
     ) -> GenerationResult:
         return self.run(self.target.encode(prompt=prompt, messages=messages, token_ids=token_ids), sampling)
 
-    def run(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None) -> GenerationResult:
-        """Generate from prompt token ids; `on_tokens(list[int])` is called with each round's output."""
+    def run(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None,
+            abandoned: Callable[[], bool] | None = None) -> GenerationResult:
+        """Generate from prompt token ids; `on_tokens(list[int])` is called with each round's output.
+        `abandoned()` is asked before every round: True (nobody waits for the answer any more) ends
+        the request there, finish_reason "abort", and frees its cache and drafter sessions."""
         request = self.open(prompt_ids, sampling)
         try:
             while request.finish is None:
+                if abandoned is not None and abandoned():
+                    request.finish = ABORT
+                    break
                 trace = self.step(request)
                 if on_tokens is not None and trace.emitted:
                     on_tokens(request.output[-trace.emitted:])

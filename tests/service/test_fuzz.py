@@ -54,7 +54,8 @@ def _within_bounds(body: object) -> object:
             body["prompt"] = prompt[:MAX_PROMPTS]
         for field in ("max_tokens", "max_completion_tokens"):
             value = body.get(field)
-            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW_TOKENS):
+            # a whole float (6891.0) is an integer to the server too
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_NEW_TOKENS):
                 body[field] = MAX_NEW_TOKENS
     return body
 

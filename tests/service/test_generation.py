@@ -12,7 +12,7 @@ from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
 from deploy.service.metrics import ServiceMetrics
-from deploy.spec.engine import SpeculativeEngine
+from deploy.spec.engine import GenerationResult, SpeculativeEngine
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 
@@ -40,8 +40,8 @@ def test_an_incomplete_utf8_character_is_held_back():
 class _StubEngine:
     target = None
 
-    def run(self, *args):
-        return "generated"
+    def run(self, *args, **kwargs):
+        return GenerationResult("generated", [1], "length", 1)
 
 
 def gauges(metrics: ServiceMetrics) -> tuple[float, float]:
@@ -52,7 +52,7 @@ def test_a_tracked_request_counts_waiting_then_running_then_nothing():
     metrics = ServiceMetrics()
     tracked = TrackedEngine(_StubEngine(), metrics)
     assert gauges(metrics) == (1, 0)
-    assert tracked.run() == "generated"
+    assert tracked.run().text == "generated"
     tracked.close()
     assert gauges(metrics) == (0, 0)
 
@@ -70,6 +70,24 @@ def test_a_request_closed_before_its_thread_starts_never_generates_and_leaves_no
 @pytest.fixture(scope="module")
 def engine(target):
     return SpeculativeEngine(target, build_drafters(["ngram", "none"]), policy="metasd-ucb", max_padding=0)
+
+
+@pytest.mark.model
+def test_a_generating_request_whose_client_left_ends_before_its_next_round_and_frees_its_sessions(target, engine):
+    metrics = ServiceMetrics()
+    tracked = TrackedEngine(engine, metrics)
+    rounds = []
+
+    def on_tokens(tokens):
+        rounds.append(tokens)
+        tracked.close()  # the client went away during the first round
+
+    result = tracked.run(target.encode(prompt=PROMPT), SamplingParams(max_tokens=64), on_tokens)
+    assert result.finish_reason == "abort"
+    assert len(rounds) == len(result.rounds) == 1 and len(result.token_ids) < 64
+    assert engine.coordinator.stats()["active_requests"] == 0
+    assert gauges(metrics) == (0, 0)
+    assert 'finished_reason="abort"' in metrics.render().decode()
 
 
 @pytest.mark.model

@@ -1,0 +1,88 @@
+"""Admission and clients that leave, on the running Ray service (deploy/service/front.py,
+deploy/service/generation.py). The shared service's target replica generates 5 requests at once
+and lets 16 wait (`--max-queued-requests 16`): 64 clients at once each get their exact answer or
+a 503 with Retry-After in OpenAI's shape, never a timeout, and the service answers afterwards. A
+client that drops its stream, or stops waiting for a non-streamed answer, has its request ended
+at the next round: `request_success_total{finished_reason="abort"}` counts it, and it generated
+far fewer tokens than it asked for."""
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import CHAT_PROMPTS, chat_text, plain_text
+from tests.service.test_service_faults import coordinator_stats, wait_until
+
+pytestmark = [pytest.mark.model, pytest.mark.ray]
+MODEL = "smollm2-135m"
+OVERLOAD_CLIENTS = 64
+MAX_TOKENS = 8
+LONG = 400  # tokens a request that its client leaves asks for (tens of seconds of generation here)
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # a prompt greedy decoding continues for all of LONG
+TIMEOUT_S = 300
+
+
+def metric(service, name: str, **labels: str) -> float:
+    text = requests.get(f"{service.url}/metrics", timeout=60).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def aborted(service) -> float:
+    return metric(service, "specfleet:request_success_total", finished_reason="abort")
+
+
+def generated(service) -> float:
+    return metric(service, "specfleet:generation_tokens_total")
+
+
+def test_sixty_four_clients_at_once_get_their_answer_or_a_503_with_retry_after_never_a_timeout(service, target):
+    expected = plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
+    body = {"model": MODEL, "messages": CHAT_PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
+    headers = {"Authorization": f"Bearer {service.api_key}"}
+
+    def client(_):  # a timeout raises here, and fails the test
+        return requests.post(f"{service.url}/v1/chat/completions", json=body, headers=headers, timeout=TIMEOUT_S)
+
+    with ThreadPoolExecutor(OVERLOAD_CLIENTS) as pool:
+        answers = list(pool.map(client, range(OVERLOAD_CLIENTS)))
+    statuses = Counter(answer.status_code for answer in answers)
+    print("overload: status -> count", dict(statuses))
+
+    assert set(statuses) == {200, 503}
+    assert all(a.json()["choices"][0]["message"]["content"] == expected for a in answers if a.status_code == 200)
+    for refused in (a for a in answers if a.status_code == 503):
+        assert refused.headers["Retry-After"] == "1"
+        assert "overloaded" in refused.json()["error"]["message"]
+    assert chat_text(service.url, CHAT_PROMPTS[1], MAX_TOKENS, service.api_key) == plain_text(
+        target, CHAT_PROMPTS[1], MAX_TOKENS)
+
+
+def test_a_dropped_stream_ends_its_request_at_the_next_round(service):
+    before_aborted, before_tokens = aborted(service), generated(service)
+    with requests.post(f"{service.url}/v1/completions", stream=True, timeout=TIMEOUT_S,
+                       headers={"Authorization": f"Bearer {service.api_key}"},
+                       json={"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0,
+                             "stream": True}) as response:
+        assert response.status_code == 200
+        events = (line for line in response.iter_lines() if line.startswith(b"data: "))
+        for _ in range(3):  # the role chunk, then text: generation is under way
+            next(events)
+    # the connection is closed: the request ends before its next round, nothing is left open
+    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the dropped stream's request to be aborted")
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
+    print(f"abandoned: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
+    assert generated(service) - before_tokens < LONG / 2
+
+
+def test_a_client_that_stops_waiting_for_a_non_streamed_answer_has_its_request_ended(service):
+    before_aborted, before_tokens = aborted(service), generated(service)
+    with pytest.raises(requests.Timeout):
+        requests.post(f"{service.url}/v1/completions", timeout=3, headers={"Authorization": f"Bearer {service.api_key}"},
+                      json={"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0})
+    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the abandoned request to be aborted")
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
+    print(f"abandoned: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
+    assert generated(service) - before_tokens < LONG / 2
