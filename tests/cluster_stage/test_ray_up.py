@@ -75,7 +75,8 @@ def loopback_config(loopback_sshd, tmp_path_factory):
         secret.chmod(0o600)
     try:
         run(RAY, "up", "-y", "--no-config-cache", str(path), timeout=900)
-        run(RAY, "rsync-up", str(path), "~/.specfleet/", "~/.specfleet/")  # the head alone
+        # the head alone; the source as a shell expands it, the target's ~ left to the head's shell
+        run(RAY, "rsync-up", str(path), f"{SECRETS[0].parent}/", "~/.specfleet/")
         yield str(path)
     finally:
         run(RAY, "down", "-y", str(path))

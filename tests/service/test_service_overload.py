@@ -1,13 +1,15 @@
 """Admission and clients that leave, on the running Ray service (deploy/service/front.py,
 deploy/service/generation.py). The shared service's target replica generates 5 requests at once
 and lets 16 wait (`--max-queued-requests 16`): 64 clients at once each get their exact answer or
-a 503 with Retry-After in OpenAI's shape, never a timeout, and the service answers afterwards. A
-client that drops its stream, or stops waiting for a non-streamed answer, has its request ended
-at the next round: `request_success_total{finished_reason="abort"}` counts it, and it generated
-far fewer tokens than it asked for."""
+a 503 with Retry-After in OpenAI's shape (gRPC: their reply or RESOURCE_EXHAUSTED), never a
+timeout, and the service answers afterwards. A client that drops its stream, stops waiting for a
+non-streamed answer, or cancels its gRPC call has its request ended at the next round:
+`request_success_total{finished_reason="abort"}` counts it, and it generated far fewer tokens
+than it asked for."""
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -85,4 +87,49 @@ def test_a_client_that_stops_waiting_for_a_non_streamed_answer_has_its_request_e
     wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the abandoned request to be aborted")
     wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
     print(f"abandoned: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
+    assert generated(service) - before_tokens < LONG / 2
+
+
+@pytest.fixture(scope="module")
+def grpc_stub(service):
+    from deploy.service.proto import specfleet_pb2, specfleet_pb2_grpc
+
+    channel = grpc.insecure_channel(service.grpc_address)
+    yield specfleet_pb2, specfleet_pb2_grpc.SpecfleetStub(channel)
+    channel.close()
+
+
+def test_sixty_four_grpc_calls_at_once_get_their_reply_or_resource_exhausted(service, target, grpc_stub):
+    pb, stub = grpc_stub
+    expected = plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
+    request = pb.GenerateRequest(model=MODEL, messages=[pb.ChatMessage(**m) for m in CHAT_PROMPTS[0]],
+                                 max_tokens=MAX_TOKENS, temperature=0)
+    metadata = (("application", "specfleet"), ("authorization", f"Bearer {service.api_key}"))
+
+    def call(_):
+        try:
+            return stub.Generate(request, metadata=metadata, timeout=TIMEOUT_S).text
+        except grpc.RpcError as err:  # DEADLINE_EXCEEDED would be a timeout: it fails below
+            return err.code()
+
+    with ThreadPoolExecutor(OVERLOAD_CLIENTS) as pool:
+        replies = list(pool.map(call, range(OVERLOAD_CLIENTS)))
+    outcomes = Counter("reply" if isinstance(r, str) else r.name for r in replies)
+    print("grpc overload: outcome -> count", dict(outcomes))
+
+    assert set(outcomes) == {"reply", "RESOURCE_EXHAUSTED"}
+    assert all(r == expected for r in replies if isinstance(r, str))
+
+
+def test_a_cancelled_grpc_stream_ends_its_request_at_the_next_round(service, grpc_stub):
+    pb, stub = grpc_stub
+    before_aborted, before_tokens = aborted(service), generated(service)
+    call = stub.GenerateStream(pb.GenerateRequest(model=MODEL, prompt=COUNTING, max_tokens=LONG, temperature=0),
+                               metadata=(("application", "specfleet"), ("authorization", f"Bearer {service.api_key}")),
+                               timeout=TIMEOUT_S)
+    next(call), next(call)  # text is coming: generation is under way
+    call.cancel()
+    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the cancelled call's request to be aborted")
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
+    print(f"cancelled: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
     assert generated(service) - before_tokens < LONG / 2
