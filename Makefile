@@ -48,7 +48,7 @@ test: install cluster-deps
 
 # not in `make test`: SOAK_MINUTES (default 30) of mixed traffic on the Ray service while drafters are
 # added, killed and removed; requests, errors by kind, p50/p99 and memory at warm-up and end (exit 1
-# on anything unexpected; docs/benchmarks.md)
+# on anything unexpected; docs/cluster.md#soak)
 SOAK_MINUTES := 30
 soak: install
 	$(PY) -m deploy.bench.soak --minutes $(SOAK_MINUTES) --out bench-out/soak.json
