@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
-from cluster.drafter_actor import DRAFTER_PREFIX
+from cluster.drafter_actor import named_drafters
 from cluster.local import NAMESPACE
 from policy.coordinator import PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
@@ -200,22 +200,10 @@ class CoordinatorActor:
         return dict(self.replicas)
 
 
-def _named_drafters() -> dict[str, object]:
-    """The drafter actors alive in the `specfleet` namespace, by drafter name ({} outside Ray)."""
-    import ray
-
-
-    if not ray.is_initialized():
-        return {}
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)]
-    return {name.removeprefix(DRAFTER_PREFIX): ray.get_actor(name, namespace=NAMESPACE) for name in names}
-
-
 def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
     """The given drafters, or after a restart the drafter actors alive now (the given order first,
     then drafters added live since), so removed drafters stay out and added ones come back."""
-    named = _named_drafters()
+    named = named_drafters()
     if not named:
         return dict(given)
     ordered = [n for n in given if n in named] + sorted(n for n in named if n not in given)

@@ -4,7 +4,7 @@
 drafter loads its model onto the GPU Ray assigned, or the CPU when CUDA is absent) and serves
 `propose` / `release` with per-request sessions, and `placement` (its node, Ray's GPU ids and the
 torch device it drafts on: the CPU when CUDA is absent, even on a GPU Ray assigned).
-`start_drafter_actor` applies `ray.remote` at build time with the spec's resources (inside a
+`named_drafters()` finds the ones alive. `start_drafter_actor` applies `ray.remote` at build time with the spec's resources (inside a
 placement-group bundle when given one); the coordinator actor awaits its calls.
 """
 from __future__ import annotations
@@ -14,8 +14,20 @@ from dataclasses import dataclass
 
 from actors.proposal import Proposal, is_model_free
 from actors.sampling import SamplingParams
+from cluster.local import NAMESPACE
 
 DRAFTER_PREFIX = "specfleet:drafter:"
+
+
+def named_drafters() -> dict[str, object]:
+    """The drafter actors alive in the `specfleet` namespace, by drafter name ({} outside Ray)."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)]
+    return {name.removeprefix(DRAFTER_PREFIX): ray.get_actor(name, namespace=NAMESPACE) for name in names}
 
 
 @dataclass(frozen=True)

@@ -174,15 +174,14 @@ class Soak:
     def chaos(self, deadline: float, period_s: float) -> None:
         import ray
 
-        from cluster.drafter_actor import DRAFTER_PREFIX
-        from cluster.local import NAMESPACE
+        from cluster.drafter_actor import named_drafters
 
         cycle = 0
         while time.monotonic() + period_s <= deadline:
             name = f"soak-{cycle}"
             self.events.append(f"add {name}: {self.admin('POST', '/drafters', {'name': name, 'kind': 'ngram'})}")
             time.sleep(period_s / 3)
-            ray.kill(ray.get_actor(DRAFTER_PREFIX + name, namespace=NAMESPACE), no_restart=False)
+            ray.kill(named_drafters()[name], no_restart=False)
             self.events.append(f"kill {name}")
             time.sleep(period_s / 3)
             self.events.append(f"remove {name}: {self.admin('DELETE', f'/drafters/{name}')}")
@@ -208,8 +207,7 @@ def service_processes() -> dict[str, int]:
     import psutil
     import ray
 
-    from cluster.drafter_actor import DRAFTER_PREFIX
-    from cluster.local import NAMESPACE
+    from cluster.drafter_actor import named_drafters
 
     titles = {"SpecfleetServer": "target replica", "SpecfleetFront": "front", "CoordinatorActor": "coordinator"}
     found = {}
@@ -218,11 +216,9 @@ def service_processes() -> dict[str, int]:
         for title, name in titles.items():
             if line.startswith("ray::") and title in line:
                 found[name] = process.pid
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        name = actor["name"]
-        if actor["namespace"] == NAMESPACE and name.startswith(DRAFTER_PREFIX) and "soak-" not in name:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
-            found[f"drafter {name.removeprefix(DRAFTER_PREFIX)}"] = ray.get(handle.placement.remote())["pid"]
+    for name, handle in named_drafters().items():
+        if not name.startswith("soak-"):  # the standing pool, not the drafters the chaos adds
+            found[f"drafter {name}"] = ray.get(handle.placement.remote())["pid"]
     return found
 
 
@@ -269,7 +265,7 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
     from actors.pool import build_drafters
     from actors.sampling import SamplingParams
     from cluster.coordinator_actor import COORDINATOR_NAME
-    from cluster.drafter_actor import DRAFTER_PREFIX
+    from cluster.drafter_actor import named_drafters
     from cluster.local import NAMESPACE
     from deploy.config import ServiceConfig
     from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
@@ -310,9 +306,7 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
         coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
         time.sleep(5)  # let cancelled requests' releases land
         stats = ray.get(coordinator.stats.remote(), timeout=30)
-        sessions = {name.removeprefix(DRAFTER_PREFIX): ray.get(ray.get_actor(name, namespace=NAMESPACE).open_sessions.remote())
-                    for name in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                                 if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX))}
+        sessions = {name: ray.get(handle.open_sessions.remote()) for name, handle in named_drafters().items()}
         memory = {}
         for name, samples in series.items():
             warm = [s for s in samples if s[0] >= min(WARMUP_S, samples[-1][0] / 2)]

@@ -10,7 +10,7 @@ from tests.policy.test_coordinator import RecordingProposer
 
 
 def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
-    monkeypatch.setattr(coordinator_module, "_named_drafters", dict)  # no Ray: the given pool
+    monkeypatch.setattr(coordinator_module, "named_drafters", dict)  # no Ray: the given pool
     a, b = RecordingProposer("a"), RecordingProposer("b")
 
     async def mark_down_then_remove():

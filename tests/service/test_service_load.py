@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from cluster.drafter_actor import named_drafters
 from tests.conftest import CHAT_PROMPTS, plain_text
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
@@ -25,17 +26,6 @@ def expected(target):
     return [plain_text(target, m, MAX_TOKENS) for m in CHAT_PROMPTS]
 
 
-def drafter_actors() -> dict:
-    import ray
-
-    from cluster.drafter_actor import DRAFTER_PREFIX
-    from cluster.local import NAMESPACE
-
-    return {a["name"].removeprefix(DRAFTER_PREFIX): ray.get_actor(a["name"], namespace=NAMESPACE)
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE and a["name"].startswith(DRAFTER_PREFIX)}
-
-
 def chaos(service, events: list[str], done: threading.Event) -> None:
     """Add a drafter, kill one (Ray restarts it), remove the added one: spread over the run. The
     clients keep loading the service until all three have happened (`done`)."""
@@ -49,7 +39,7 @@ def chaos(service, events: list[str], done: threading.Event) -> None:
         status, _ = admin(service, "POST", "/drafters", {"name": "load-ngram", "kind": "ngram"})
         events.append(f"add load-ngram: {status}")
         time.sleep(pause)
-        ray.kill(drafter_actors()["suffix"], no_restart=False)
+        ray.kill(named_drafters()["suffix"], no_restart=False)
         events.append("kill suffix")
         time.sleep(pause)
         status, _ = admin(service, "DELETE", "/drafters/load-ngram")
@@ -64,7 +54,7 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
 
     from tests.service.test_service_faults import coordinator_stats, wait_until
 
-    memory_before = {name: ray.get(h.rss_bytes.remote()) for name, h in drafter_actors().items()}
+    memory_before = {name: ray.get(h.rss_bytes.remote()) for name, h in named_drafters().items()}
     results: list[tuple[bool, float]] = []  # (answer exact, seconds)
     failures: list[str] = []
     lock = threading.Lock()
@@ -108,7 +98,7 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
 
     wait_until(lambda: coordinator_stats()["active_requests"] == 0 and coordinator_stats()["down"] == [],
                what="the coordinator to settle")
-    actors = drafter_actors()
+    actors = named_drafters()
     assert "load-ngram" not in actors
     def open_sessions() -> dict[str, int]:
         return {name: ray.get(h.open_sessions.remote()) for name, h in actors.items()}

@@ -40,6 +40,24 @@ def generated(service) -> float:
     return metric(service, "specfleet:generation_tokens_total")
 
 
+def counts_before(service) -> tuple[float, float]:
+    """(aborted requests, generated tokens) so far."""
+    return aborted(service), generated(service)
+
+
+def assert_ended_early(service, before: tuple[float, float], what: str) -> None:
+    """The one request since `before` was aborted and freed, long before its LONG tokens."""
+    before_aborted, before_tokens = before
+    wait_until(lambda: aborted(service) == before_aborted + 1, 120, f"{what} to be aborted")
+    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
+    print(f"{what}: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
+    assert generated(service) - before_tokens < LONG / 2
+
+
+def grpc_metadata(service) -> tuple:
+    return (("application", "specfleet"), ("authorization", f"Bearer {service.api_key}"))
+
+
 def test_sixty_four_clients_at_once_get_their_answer_or_a_503_with_retry_after_never_a_timeout(service, target):
     expected = plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
     body = {"model": MODEL, "messages": CHAT_PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
@@ -63,7 +81,7 @@ def test_sixty_four_clients_at_once_get_their_answer_or_a_503_with_retry_after_n
 
 
 def test_a_dropped_stream_ends_its_request_at_the_next_round(service):
-    before_aborted, before_tokens = aborted(service), generated(service)
+    before = counts_before(service)
     with requests.post(f"{service.url}/v1/completions", stream=True, timeout=TIMEOUT_S,
                        headers={"Authorization": f"Bearer {service.api_key}"},
                        json={"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0,
@@ -73,21 +91,15 @@ def test_a_dropped_stream_ends_its_request_at_the_next_round(service):
         for _ in range(3):  # the role chunk, then text: generation is under way
             next(events)
     # the connection is closed: the request ends before its next round, nothing is left open
-    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the dropped stream's request to be aborted")
-    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
-    print(f"abandoned: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
-    assert generated(service) - before_tokens < LONG / 2
+    assert_ended_early(service, before, "the dropped stream's request")
 
 
 def test_a_client_that_stops_waiting_for_a_non_streamed_answer_has_its_request_ended(service):
-    before_aborted, before_tokens = aborted(service), generated(service)
+    before = counts_before(service)
     with pytest.raises(requests.Timeout):
         requests.post(f"{service.url}/v1/completions", timeout=3, headers={"Authorization": f"Bearer {service.api_key}"},
                       json={"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0})
-    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the abandoned request to be aborted")
-    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
-    print(f"abandoned: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
-    assert generated(service) - before_tokens < LONG / 2
+    assert_ended_early(service, before, "the abandoned request")
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +116,10 @@ def test_sixty_four_grpc_calls_at_once_get_their_reply_or_resource_exhausted(ser
     expected = plain_text(target, CHAT_PROMPTS[0], MAX_TOKENS)
     request = pb.GenerateRequest(model=MODEL, messages=[pb.ChatMessage(**m) for m in CHAT_PROMPTS[0]],
                                  max_tokens=MAX_TOKENS, temperature=0)
-    metadata = (("application", "specfleet"), ("authorization", f"Bearer {service.api_key}"))
 
     def call(_):
         try:
-            return stub.Generate(request, metadata=metadata, timeout=TIMEOUT_S).text
+            return stub.Generate(request, metadata=grpc_metadata(service), timeout=TIMEOUT_S).text
         except grpc.RpcError as err:  # DEADLINE_EXCEEDED would be a timeout: it fails below
             return err.code()
 
@@ -123,13 +134,9 @@ def test_sixty_four_grpc_calls_at_once_get_their_reply_or_resource_exhausted(ser
 
 def test_a_cancelled_grpc_stream_ends_its_request_at_the_next_round(service, grpc_stub):
     pb, stub = grpc_stub
-    before_aborted, before_tokens = aborted(service), generated(service)
+    before = counts_before(service)
     call = stub.GenerateStream(pb.GenerateRequest(model=MODEL, prompt=COUNTING, max_tokens=LONG, temperature=0),
-                               metadata=(("application", "specfleet"), ("authorization", f"Bearer {service.api_key}")),
-                               timeout=TIMEOUT_S)
+                               metadata=grpc_metadata(service), timeout=TIMEOUT_S)
     next(call), next(call)  # text is coming: generation is under way
     call.cancel()
-    wait_until(lambda: aborted(service) == before_aborted + 1, 120, "the cancelled call's request to be aborted")
-    wait_until(lambda: coordinator_stats()["active_requests"] == 0, 60, "the coordinator to free it")
-    print(f"cancelled: {generated(service) - before_tokens:.0f} of {LONG} tokens generated")
-    assert generated(service) - before_tokens < LONG / 2
+    assert_ended_early(service, before, "the cancelled call's request")
