@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
 from cluster.drafter_actor import named_drafters
 from cluster.local import NAMESPACE
-from policy.coordinator import PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftRound
+from policy.coordinator import PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 
 COORDINATOR_NAME = "specfleet:coordinator"
@@ -53,44 +54,60 @@ class CoordinatorActor:
         self._janitor: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
 
-    async def propose(self, request_id, new_tokens, feedback, k, sampling) -> DraftRound:
-        """The chosen drafter and the shadows draft in parallel, each within the round's deadline."""
+    def _housekeeping(self) -> None:
         if self._janitor is None:
             self._janitor = asyncio.get_running_loop().create_task(self._expire_forever())
         if self.core.spec.shadows and (self._kinds is None or self._kinds.done()):
             if any(name not in self.kinds_known for name in self.core.drafters):
                 self._kinds = asyncio.get_running_loop().create_task(self._learn_model_free())
-        chosen = self.core.select(request_id, new_tokens, feedback, k)
-        if chosen is None:
-            return PLAIN_ROUND
-        asked = (chosen.arm, *chosen.shadows)
-        drafts = await asyncio.gather(*(self._draft(arm, request_id, chosen.deltas[arm], k, sampling, arm == chosen.arm)
-                                         for arm in asked))
-        shadows = tuple(d for d in drafts[1:] if d is not None)
-        return DraftRound((drafts[0],), shadows, self.core.spec.verify)
 
-    async def _draft(self, arm: str, request_id: str, delta, k: int, sampling, chosen: bool) -> Proposal | None:
-        """One drafter's proposal; an empty one when it is down, fails or misses the deadline (a
-        chosen drafter is then marked down; a shadow's failure loses its feedback: None)."""
+    async def propose_batch(self, calls: list[DraftCall]) -> list[DraftRound]:
+        """A batch iteration's rounds: each drafter asked once for every request that chose it or
+        shadows it (`DrafterActor.propose_batch`), the drafters in parallel, each within the
+        round's deadline; a drafter that fails or misses it costs those requests its draft."""
+        self._housekeeping()
+        chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k) for c in calls]
+        asked: dict[str, list[tuple[int, bool]]] = {}  # drafter -> (call index, chosen there)
+        for index, selection in enumerate(chosen):
+            if selection is not None:
+                for arm in (selection.arm, *selection.shadows):
+                    asked.setdefault(arm, []).append((index, arm == selection.arm))
+        answers = await asyncio.gather(*(
+            self._draft_many(arm, [(calls[i].request_id, chosen[i].deltas[arm], calls[i].k, calls[i].sampling, is_chosen)
+                                   for i, is_chosen in entries])
+            for arm, entries in asked.items()))
+        drafts: list[dict[str, Proposal | None]] = [{} for _ in calls]
+        for (arm, entries), proposals in zip(asked.items(), answers):
+            for (index, _), proposal in zip(entries, proposals):
+                drafts[index][arm] = proposal
+        return [PLAIN_ROUND if selection is None else
+                DraftRound((drafts[i][selection.arm],),
+                           tuple(d for arm in selection.shadows if (d := drafts[i][arm]) is not None), self.core.spec.verify)
+                for i, selection in enumerate(chosen)]
+
+    async def _draft_many(self, arm: str, calls: list[tuple]) -> list[Proposal | None]:
+        """One drafter's proposals for (request_id, delta, k, sampling, chosen) calls: an empty one
+        for a chosen drafter that is down, fails or misses the deadline (it is then marked down),
+        None for a shadow's (its feedback is lost)."""
         from ray.exceptions import RayError
 
-        if arm == NO_DRAFT:  # drafts nothing: no call
-            return Proposal(drafter=arm)
-        if arm in self.down:  # still the only arm the policy has: plain steps until it is back
-            return Proposal(drafter=arm) if chosen else None
+        if arm == NO_DRAFT:
+            return [Proposal(drafter=arm) for _ in calls]
+        failed = [Proposal(drafter=arm) if call[4] else None for call in calls]
+        if arm in self.down:
+            return failed
         handle = self.core.drafters[arm]
         self.drafting[arm] = self.drafting.get(arm, 0) + 1
         try:
-            call = handle.propose.remote(request_id, delta, k, sampling)
-            proposal = await asyncio.wait_for(call, self.draft_timeout_s)
+            batch = handle.propose_batch.remote([call[:4] for call in calls])
+            proposals = await asyncio.wait_for(batch, self.draft_timeout_s)
         except (asyncio.TimeoutError, RayError) as err:
-            if not chosen:
-                return None
-            self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
-            return Proposal(drafter=arm)  # this round without its draft
+            if any(call[4] for call in calls):
+                self._mark_down(arm, handle, hung=isinstance(err, asyncio.TimeoutError))
+            return failed
         finally:
             self.drafting[arm] -= 1
-        return Coordinator.as_round(arm, proposal, k)
+        return [Coordinator.as_round(arm, proposal, call[2]) for proposal, call in zip(proposals, calls)]
 
     async def _learn_model_free(self) -> None:
         """In the background, ask each drafter not asked yet whether it is model-free (kinds never
@@ -232,7 +249,7 @@ def connect_coordinator() -> "RemoteCoordinator":
 
 
 class RemoteCoordinator:
-    """The engine-facing interface (`propose`, `finish`, `reward_kind`) over the coordinator actor.
+    """The engine-facing interface (`propose_batch`, `finish`, `reward_kind`) over the coordinator actor.
     If the actor fails a call (it crashed; Ray restarts it), the request carries on with plain
     target steps to its end, still exact; later requests use the restarted coordinator."""
 
@@ -246,25 +263,29 @@ class RemoteCoordinator:
         self._registration: tuple[str, dict] | None = None
         self._reregister = False
 
-    def propose(self, request_id, new_tokens, feedback, k, sampling, defer_models=False) -> DraftRound:
-        """`defer_models` is for sequential drafting in one process; the actor drafts in parallel
-        and asks every drafter for k tokens, so nothing is deferred."""
+    def propose_batch(self, calls: list[DraftCall]) -> list[DraftRound]:
+        """A batch iteration's rounds in one actor call (the actor drafts in parallel, nothing deferred)."""
         import ray
         from ray.exceptions import RayError
 
-        if request_id in self.degraded:
-            return PLAIN_ROUND
+        live = [i for i, call in enumerate(calls) if call.request_id not in self.degraded]
+        rounds = [PLAIN_ROUND] * len(calls)
+        if not live:
+            return rounds
         try:
-            proposal = ray.get(self.handle.propose.remote(request_id, list(new_tokens), feedback, k, sampling))
+            answered = ray.get(self.handle.propose_batch.remote([replace(calls[i], new_tokens=list(calls[i].new_tokens))
+                                                                 for i in live]))
             if self._reregister and self._registration is not None:
                 self._reregister = False
                 self.handle.register_replica.remote(*self._registration)
-            return proposal
-        except RayError:  # the coordinator died or is restarting: this request ends on plain decoding
+        except RayError:  # the coordinator died or is restarting: these requests end on plain decoding
             with self._lock:
-                self.degraded.add(request_id)
-                self._reregister = True  # a restarted coordinator has forgotten where this replica runs
-            return PLAIN_ROUND
+                self.degraded.update(calls[i].request_id for i in live)
+                self._reregister = True
+            return rounds
+        for i, round_ in zip(live, answered):
+            rounds[i] = round_
+        return rounds
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         import ray

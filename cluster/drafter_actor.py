@@ -56,6 +56,10 @@ class DrafterActor:
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.proposer.propose(session, context_delta, k, sampling)
 
+    def propose_batch(self, calls: Sequence[tuple[str, Sequence[int], int, SamplingParams]]) -> list[Proposal]:
+        """`propose` for every (session, context_delta, k, sampling) of a batch iteration, in one call."""
+        return [self.proposer.propose(*call) for call in calls]
+
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.proposer.release(session, context_delta)
 

@@ -113,13 +113,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        cut_drafts=not args.no_cut)
     table = render_table(report)
     if args.out:
-        from deploy.bench.charts import drafter_chart, speedup_chart
+        from deploy.bench.charts import concurrency_chart, drafter_chart, speedup_chart
 
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         charts = [speedup_chart(report, out.with_suffix(".speedup.png")),
-                  drafter_chart(report, out.with_suffix(".drafters.png"))]
+                  drafter_chart(report, out.with_suffix(".drafters.png")),
+                  concurrency_chart(report, out.with_suffix(".concurrency.png"))]
         images = "".join(f"\n![{c.stem}]({c.name})\n" for c in charts if c is not None)
         out.with_suffix(".md").write_text(table + "\n" + images)
     print(table)

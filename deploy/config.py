@@ -91,7 +91,7 @@ class ServiceConfig(BaseModel):
     served_model_name: str | None = None
     sampling: SamplingDefaults = SamplingDefaults()
     max_request_bytes: int = Field(default=1 << 20, ge=1024)  # larger HTTP bodies get 413
-    max_ongoing_requests: int = Field(default=5, ge=1)  # requests a target replica generates at once
+    max_ongoing_requests: int = Field(default=32, ge=1)  # requests a target replica batches at once
     max_queued_requests: int = Field(default=64, ge=1)  # requests waiting for a replica; past it 503 + Retry-After
     request_metrics: bool = False  # per-request speculative metrics (per_drafter, timing) in responses: opt-in
     grpc_reflection: bool = False  # gRPC server reflection on Serve's proxy (grpcurl discovery); off: it answers without a key

@@ -33,7 +33,7 @@ SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
     "--draft-timeout-s": (("draft_timeout_s",), float, "a drafter answering later than this loses the round's draft and is marked down (default 5)"),
     "--request-ttl-s": (("request_ttl_s",), float, "a request without a round for this long is over (its replica died; default 60)"),
     "--max-request-bytes": (("max_request_bytes",), int, "larger HTTP bodies get 413 (default 1 MiB)"),
-    "--max-ongoing-requests": (("max_ongoing_requests",), int, "requests a target replica generates at once (default 5)"),
+    "--max-ongoing-requests": (("max_ongoing_requests",), int, "requests a target replica batches at once (default 32)"),
     "--max-queued-requests": (("max_queued_requests",), int, "requests waiting for a target replica; past it HTTP 503 with "
                                                             "Retry-After, gRPC RESOURCE_EXHAUSTED (default 64)"),
     "--request-metrics": (("request_metrics",), bool, "put each request's speculative metrics (per drafter acceptance, "

@@ -89,6 +89,18 @@ PLAIN_ROUND = DraftRound()
 
 
 @dataclass(frozen=True)
+class DraftCall:
+    """One request's part of a batched coordinator call (`propose_batch`): `propose`'s arguments."""
+
+    request_id: str
+    new_tokens: Sequence[int]
+    feedback: RoundFeedback | None
+    k: int
+    sampling: SamplingParams
+    defer_models: bool = False
+
+
+@dataclass(frozen=True)
 class Selection:
     arm: str  # drafts, and its draft is verified
     shadows: tuple[str, ...]  # draft for counterfactual feedback only
@@ -201,6 +213,10 @@ class Coordinator:
             proposals, deferred = (self._draft(chosen.arm, request_id, chosen.deltas[chosen.arm], k, sampling),), ()
         shadows = tuple(self._draft(arm, request_id, chosen.deltas[arm], k, sampling) for arm in chosen.shadows)
         return DraftRound(proposals, shadows, self.spec.verify, deferred)
+
+    def propose_batch(self, calls: Sequence[DraftCall]) -> list[DraftRound]:
+        """Every request of a batch iteration in one call (in this process one after the other)."""
+        return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models) for c in calls]
 
     def draft_deferred(self, request_id: str, tokens: Mapping[str, int], sampling: SamplingParams) -> tuple[Proposal, ...]:
         """Draft the round's deferred model drafters, each asked for `tokens[arm]` tokens; an arm

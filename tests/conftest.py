@@ -109,9 +109,9 @@ def service(tmp_path_factory):
         "serve", "smollm2-135m", "--drafters", "ngram,suffix,hierarchy,none", "--policy", "metasd-ucb-cost",
         "--verify", "tree", "--k", "7", "--api-key-file", str(key_file), "--draft-timeout-s", "2",
         "--request-ttl-s", "15", "--request-metrics",
-        # a queue the load test's 16 streams and its admin calls fit in with room to spare (Serve
-        # counts its queue loosely under bursts), and that the overload test's 64 clients overflow
-        "--max-queued-requests", "32"])
+        # a batch and a queue the load test's 16 streams and its admin calls fit in with room to
+        # spare (Serve counts its queue loosely under bursts), and that the overload test's 64 clients overflow
+        "--max-ongoing-requests", "16", "--max-queued-requests", "16"])
     args = apply_flags(load_serve_config(DEFAULT_CONFIG)[0], flags)
     http_port, grpc_port = free_ports(2)
     with pytest.MonkeyPatch.context() as env:  # only the key file: ignore the caller's environment

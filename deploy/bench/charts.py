@@ -3,6 +3,8 @@
 `speedup_chart`: speedup vs `ar` per task and overall, one bar per run (concurrency sweeps
 left out: their figure is throughput). `drafter_chart`: for the traced prompt, the drafter each
 policy chose in every round (placed at its position in the answer), coloured by how many of its tokens the target accepted.
+`concurrency_chart`: throughput against client concurrency, one line per swept run (its
+concurrency-1 point from the interleaved runs when it has none of its own), `ar` as a line.
 """
 from __future__ import annotations
 
@@ -28,6 +30,36 @@ def speedup_chart(report: dict, path: Path) -> Path:
     ax.set_title(f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, "
                  f"{report['params']['prompts']} prompts")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def concurrency_chart(report: dict, path: Path) -> Path | None:
+    swept = [r for r in report["runs"] if "concurrency" in r]
+    if not swept:
+        return None
+    lines: dict[str, dict[int, float]] = {}
+    for row in swept:
+        lines.setdefault(row["name"].rsplit("@c", 1)[0], {})[row["concurrency"]] = row["tokens_per_s"]
+    for row in report["runs"]:  # the interleaved run at concurrency 1
+        if "concurrency" not in row and row["name"] in lines:
+            lines[row["name"]].setdefault(1, row["tokens_per_s"])
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name, points in lines.items():
+        levels = sorted(points)
+        ax.plot(levels, [points[c] for c in levels], marker="o", label=name)
+    ar = next(r for r in report["runs"] if r["name"] == "ar")
+    ax.axhline(ar["tokens_per_s"], color="black", linewidth=0.8, linestyle="--", label="ar (one stream)")
+    ax.set_xscale("log", base=2)
+    levels = sorted({c for points in lines.values() for c in points})
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("clients at once")
+    ax.set_ylabel("throughput, tokens/s")
+    ax.set_title(f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, "
+                 f"{report['params']['prompts']} prompts")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

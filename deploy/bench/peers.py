@@ -1,7 +1,12 @@
 """Peer runs: what a user would run instead, on the same model object, prompts and machine.
 
 `peer:hf-generate` is Hugging Face transformers' `generate` (greedy, KV cache);
-`peer:hf-prompt-lookup` adds its prompt-lookup drafting (`prompt_lookup_num_tokens=10`, the
+`peer:hf-batch` is `generate` on left-padded static batches: at concurrency c (the sweep), the
+prompts in groups of c, each group one `generate` call (a request's latency is its group's time;
+at concurrency 1 it is `hf-generate`); `peer:hf-cb` is transformers' continuous batching (its
+manager, `init_continuous_batching`, with paged attention): at concurrency c, c client threads
+each add a request and wait for its result (the manager is started before the clock, once per
+level; its generation loop runs in a thread of its own). `peer:hf-prompt-lookup` adds its prompt-lookup drafting (`prompt_lookup_num_tokens=10`, the
 value its documentation uses, and its default 2-gram matching); `peer:hf-assistant` uses the
 configured draft model as its assistant model (its default dynamic draft-length schedule). Each
 gets an explicit greedy GenerationConfig with the target's EOS ids, so its output is comparable
@@ -9,7 +14,9 @@ token for token with `ar`; the EOS token and anything after it are dropped, as t
 """
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -18,7 +25,9 @@ from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 from deploy.spec.target import TargetModel
 
-PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant")
+PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant", "hf-batch", "hf-cb")
+SWEPT_PEERS = ("hf-batch", "hf-cb")  # peers that also run at every concurrency level of the sweep
+SWEPT_ONLY = ("hf-cb",)  # ... and at concurrency 1 too (a manager per level, not per prompt)
 PROMPT_LOOKUP_NUM_TOKENS = 10
 
 
@@ -57,3 +66,84 @@ class HFPeer:
                 new = new[:i]
                 break
         return Sample.from_tokens(new, seconds)
+
+
+class HFBatchPeer:
+    """`peer:hf-batch`: transformers' `generate` over left-padded batches of `concurrency` prompts."""
+
+    def __init__(self, target: TargetModel) -> None:
+        self.target, self.alone = target, HFPeer("hf-generate", target)
+
+    def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        return self.alone.generate(item, max_tokens)
+
+    @torch.inference_mode()
+    def sweep(self, prompts: list[BenchPrompt], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+        """-> (samples in prompt order, wall seconds)."""
+        samples: list[Sample] = []
+        start = time.perf_counter()
+        pad = self.alone._config(max_tokens).pad_token_id or 0
+        for first in range(0, len(prompts), concurrency):
+            group_start = time.perf_counter()
+            encoded = [self.target.encode(prompt=p.prompt, messages=p.messages) for p in prompts[first:first + concurrency]]
+            width = max(len(ids) for ids in encoded)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=self.target.device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=self.target.device)
+            out = self.target.model.generate(input_ids, attention_mask=mask, generation_config=self.alone._config(max_tokens))
+            seconds = time.perf_counter() - group_start
+            for row in out[:, width:].tolist():
+                end = next((i for i, token in enumerate(row) if token in self.target.eos_ids), len(row))
+                samples.append(Sample.from_tokens(row[:end], seconds))
+        return samples, time.perf_counter() - start
+
+
+class HFContinuousPeer:
+    """`peer:hf-cb`: transformers' continuous batching manager, fed by `concurrency` clients."""
+
+    def __init__(self, target: TargetModel) -> None:
+        self.target, self.alone = target, HFPeer("hf-generate", target)
+
+    def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        return self.sweep([item], max_tokens, 1)[0][0]
+
+    @torch.inference_mode()
+    def sweep(self, prompts: list[BenchPrompt], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+        """-> (samples in prompt order, wall seconds)."""
+        model = self.target.model
+        attention = model.config._attn_implementation
+        model.set_attn_implementation("sdpa")  # what its manager accepts on CPU (the engine's is restored below)
+        manager = model.init_continuous_batching(generation_config=self.alone._config(max_tokens))
+        manager.start()
+
+        finished: dict[str, Future] = {}
+        lock = threading.Lock()
+
+        def one(item: BenchPrompt) -> Sample:
+            start = time.perf_counter()
+            with lock:  # registered before its result can arrive
+                request = manager.add_request(self.target.encode(prompt=item.prompt, messages=item.messages),
+                                              max_new_tokens=max_tokens)
+                done = finished.setdefault(request, Future())
+            tokens = done.result(timeout=900).generated_tokens
+            end = next((i for i, token in enumerate(tokens) if token in self.target.eos_ids), len(tokens))
+            return Sample.from_tokens(list(tokens[:end]), time.perf_counter() - start)
+
+        def collect() -> None:  # one reader of the manager's output queue
+            for _ in prompts:
+                while (result := manager.get_result(timeout=900)) is not None and not result.is_finished():
+                    pass
+                if result is None:
+                    return
+                with lock:
+                    finished.setdefault(result.request_id, Future()).set_result(result)
+
+        try:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=concurrency + 1) as clients:
+                collector = clients.submit(collect)
+                samples = list(clients.map(one, prompts))
+                collector.result()
+            return samples, time.perf_counter() - start
+        finally:
+            manager.stop(block=True)
+            model.set_attn_implementation(attention)

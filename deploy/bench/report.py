@@ -67,7 +67,7 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     latencies = [x.seconds for _, x in samples]
     row["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
     row["latency_p99_s"] = round(float(np.percentile(latencies, 99)), 3)
-    if concurrency > 1:
+    if wall_s is not None:  # a swept run: its figure is throughput at that concurrency
         row["concurrency"], row["wall_s"] = concurrency, round(wall_s, 3)
     row["per_task"] = {}
     for task in sorted({p.task for p, _ in samples}):
@@ -209,14 +209,16 @@ def render_table(report: dict) -> str:
                   "| run | " + " | ".join(tasks) + " |", "|" + "---|" * (1 + len(tasks))]
         lines += [f"| {row['name']} | " + " | ".join(f"{row['profiled']['per_task'][t]:.2f}x" for t in tasks) + " |"
                   for row in runs if "profiled" in row]
-    service = [r for r in runs if r["name"].startswith("serve:")]
-    if service:
-        lines += ["", "| service run | concurrency | requests | tok/s (throughput) | vs ar | p50 latency s | p99 latency s | lossless |",
-                  "|---|---|---|---|---|---|---|---|"]
+    swept = sorted((r for r in runs if r["name"].startswith("serve:") or "concurrency" in r),
+                   key=lambda r: (r.get("concurrency", 1), r["name"]))
+    if swept:
+        lines += ["", "| run | concurrency | requests | tok/s (throughput) | vs ar | tokens/forward | p50 latency s | "
+                      "p99 latency s | lossless |", "|---|---|---|---|---|---|---|---|---|"]
         requests = report["params"]["prompts"]
-        for row in service:
+        for row in swept:
+            mal = "" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
             lines.append(f"| {row['name']} | {row.get('concurrency', 1)} | {requests} | {row['tokens_per_s']:.1f} | "
-                         f"{row['speedup_vs_ar']:.2f}x | {row['latency_p50_s']:.2f} | {row['latency_p99_s']:.2f} | "
+                         f"{row['speedup_vs_ar']:.2f}x | {mal} | {row['latency_p50_s']:.2f} | {row['latency_p99_s']:.2f} | "
                          f"{'yes' if row['lossless'] else 'NO'} |")
     summary = report.get("summary") or {}
     if summary:

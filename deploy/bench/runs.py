@@ -3,10 +3,12 @@
 Runs (docs/design.md): `ar` (plain target decoding, always first: the baseline), `peer:<name>`
 (Hugging Face transformers' own decoding, deploy/bench/peers.py), `single:<drafter>`,
 `policy:<name>[@<verify>]`, `serve:<name>[@<verify>]` (the same policy through the HTTP service; at most one per
-bench) and the computed `oracle` (per task, the best measured single drafter). Prompts are
+bench; more are swept one after another) and the computed `oracle` (per task, the best measured single drafter). Prompts are
 interleaved: for each prompt every run generates in turn, so machine noise hits all runs alike;
 each run keeps its own fresh drafter pool (suffix caches learn only from that run's earlier
-prompts) and its own engine. A serve run at concurrency > 1 goes after the interleaved loop.
+prompts) and its own engine. Concurrency levels > 1 (and every serve run after the first) go
+after the interleaved loop: per level, each serve run on a fresh service, then each batching peer
+(`peer:hf-batch`).
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from actors.proposal import is_model_free
 from actors.sampling import SamplingParams
 from deploy.bench.cost_profile import CostProfile
 from deploy.bench.device_costs import DeviceCosts
-from deploy.bench.peers import HFPeer, available_peers
+from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
+from deploy.bench.service import ServiceRun
 from deploy.spec.cost_model import max_positions
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
@@ -59,8 +62,6 @@ def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draf
                     "runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, policy:<name>, serve:<name>")
             if run not in runs:
                 runs.append(run)
-    if sum(run.startswith("serve:") for run in runs) > 1:
-        raise InvalidRequestError("runs", "at most one serve:<policy> run per bench (one coordinator per service)")
     if any(run.startswith("serve:") for run in runs) and "hf" in drafters:
         raise InvalidRequestError("runs", "serve runs support the model-free drafters only")
     return runs
@@ -118,13 +119,20 @@ def run_bench(
     trace_id = trace_prompt or prompts[0].id
     if trace_id not in {p.id for p in prompts}:
         raise InvalidRequestError("trace_prompt", f"no prompt with id {trace_id!r}")
-    serve_run = next((r for r in run_names if r.startswith("serve:")), None)
-    if serve_run and 1 not in levels:
-        run_names.remove(serve_run)  # only the concurrency sweep runs
-    generators = {}
+    serve_runs = [r for r in run_names if r.startswith("serve:")]
+    serve_run = serve_runs[0] if serve_runs else None  # at concurrency 1 it takes its turn with the in-process runs
+    for run in serve_runs[1:] + ([serve_run] if serve_run and 1 not in levels else []):
+        run_names.remove(run)  # swept only (one service at a time: one coordinator per Ray cluster)
+    swept_only = [run for run in run_names if run.removeprefix("peer:") in SWEPT_ONLY]
+    for run in swept_only:
+        run_names.remove(run)
+    generators, swept_peers = {}, {}
     draft_scale = 1.0  # a model drafter's drafting seconds here -> on the profile's device
-    for run in run_names:
-        if run.startswith("peer:"):
+    for run in run_names + swept_only:
+        if run.removeprefix("peer:") in SWEPT_PEERS:
+            swept_peers[run] = (HFContinuousPeer if run == "peer:hf-cb" else HFBatchPeer)(target)
+            generators[run] = swept_peers[run].generate
+        elif run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         elif not run.startswith("serve:"):
             engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
@@ -132,35 +140,40 @@ def run_bench(
                 draft_scale = engine.costs.draft_scale
             generators[run] = _engine_generator(engine, profile)
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
-    sweeps = [c for c in levels if c > 1] if serve_run else []
-    service = None
+    services = {run: ServiceRun.configure(run.removeprefix("serve:"), drafter_names, k, target.name)
+                for run in serve_runs}
     results: dict[str, Samples] = {run: [] for run in run_names}
+    sweeps = [(level, run) for level in levels for run in serve_runs + list(swept_peers)
+              if level > 1 or (run not in run_names and (run.startswith("serve:") or run in swept_only))]
     bar = tqdm(total=len(prompts) * (len(run_names) + len(sweeps)), desc="bench", unit="gen", disable=not progress)
-    swept: list[tuple[int, Samples, float]] = []
+    swept: list[tuple[str, int, Samples, float]] = []
     try:
-        if serve_run:
-            from deploy.bench.service import ServiceRun
-
-            service = ServiceRun.start(serve_run.removeprefix("serve:"), drafter_names, k, target.name)
-            generators[serve_run] = service.generate
+        if serve_run in run_names:
+            services[serve_run].restart()
+            generators[serve_run] = services[serve_run].generate
         for item in prompts:
             for run in run_names:
                 bar.set_postfix_str(f"{item.id} {run}")
                 results[run].append((item, generators[run](item, max_tokens)))
                 bar.update(1)
-        for level in sweeps:
-            bar.set_postfix_str(f"{serve_run} at concurrency {level}")
-            samples, wall_s = service.sweep(prompts, max_tokens, level)
-            swept.append((level, list(zip(prompts, samples)), wall_s))
+        if serve_run in run_names:
+            services[serve_run].stop()  # one service at a time: each sweep starts its own
+        for level, run in sweeps:  # each level: every service (restarted, then stopped), each batching peer
+            bar.set_postfix_str(f"{run} at concurrency {level}")
+            runner = services.get(run) or swept_peers[run]
+            samples, wall_s = runner.sweep(list(prompts), max_tokens, level)
+            if run in services:
+                services[run].stop()
+            swept.append((run, level, list(zip(prompts, samples)), wall_s))
             bar.update(len(prompts))
     finally:
         bar.close()
-        if service is not None:
+        for service in services.values():
             service.stop()
     ar_ids = {p.id: x.token_ids for p, x in results["ar"]}
     rows = [run_row("ar", results["ar"], ar_ids, None)]
     rows += [run_row(run, results[run], ar_ids, rows[0]) for run in run_names[1:]]
-    rows += [run_row(f"{serve_run}@c{level}", samples, ar_ids, rows[0], level, wall_s) for level, samples, wall_s in swept]
+    rows += [run_row(f"{run}@c{level}", samples, ar_ids, rows[0], level, wall_s) for run, level, samples, wall_s in swept]
     oracle = oracle_row(rows)
     if oracle:
         rows.append(oracle)
@@ -168,7 +181,7 @@ def run_bench(
     return {
         "model": target.name,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
-                   "prompts": len(prompts), "concurrency": list(levels) if serve_run else [1], "cut_drafts": cut_drafts,
+                   "prompts": len(prompts), "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
                       if profile else {})},

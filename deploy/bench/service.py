@@ -44,14 +44,12 @@ class ServiceRun:
         self.model, self.api_key, self.args = model, api_key, args
 
     @classmethod
-    def start(cls, label: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
-        """label: the run's `<policy>[@<verify>]`."""
+    def configure(cls, label: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
+        """A run not started yet (`restart` or `sweep` starts it). label: `<policy>[@<verify>]`."""
         policy, verify = split_run_policy(label)
         args = {"target": {"model": model}, "policy": policy, "verify": verify, "k": k, "request_metrics": True,
                 "drafters": [{"name": d, "kind": d} for d in drafters]}
-        run = cls(None, model, _configured_key(), args)
-        run.restart()
-        return run
+        return cls(None, model, _configured_key(), args)
 
     def restart(self) -> None:
         """A fresh service (new drafter actors: empty suffix caches, no bandit statistics)."""

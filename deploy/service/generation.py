@@ -3,16 +3,17 @@
 - `sampling_for(target, defaults, prompt_ids, ...)`: a request's sampling fields with the
   service's defaults filled in, validated by `SamplingParams` and `target.check_length`, so
   `InvalidRequestError` names the same field on every front.
-- `generate(engine, prompt_ids, sampling) -> Finished`: runs the engine in a worker thread.
-- `stream(engine, prompt_ids, sampling)`: async iterator of text pieces, then one `Finished`.
+- `generate(scheduler, prompt_ids, sampling) -> Finished`: the request joins the replica's running
+  batch (deploy/spec/scheduler.py) and is awaited without holding a thread.
+- `stream(scheduler, prompt_ids, sampling)`: async iterator of text pieces, then one `Finished`.
   The pieces concatenate to exactly the non-streamed text: `StopHoldback` holds back text that
   could still become a stop string and an incomplete UTF-8 character, and cuts at a stop string.
 - An engine failure other than bad input becomes `TargetUnavailableError` (the cause is chained
   and logged here, not put in the message).
-- `TrackedEngine(engine, metrics)`: the engine as one generation sees it; it counts the request
-  waiting (accepted, no worker thread yet), then running, on the replica's gauges. A request
+- `TrackedEngine(scheduler, metrics)`: the scheduler as one generation sees it; it counts the
+  request waiting (accepted, not submitted yet), then running, on the replica's gauges. A request
   abandoned (`close()`: its coroutine was cancelled because the client left, or it failed) never
-  starts, or ends before its next round with its cache and drafter sessions freed.
+  starts, or ends before its next iteration with its cache and drafter sessions freed.
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
-from deploy.spec.engine import ABORT, GenerationResult, SpeculativeEngine
+from deploy.spec.engine import ABORT, GenerationResult
+from deploy.spec.scheduler import BatchScheduler
 from deploy.spec.target import TargetModel
 
 logger = logging.getLogger("specfleet")
@@ -103,27 +106,30 @@ class AbandonedError(RuntimeError):
 
 
 class TrackedEngine:
-    """One generation's view of the engine (`run`, `target`), keeping the request gauges true."""
+    """One generation's view of the replica's batch scheduler (`submit`, `target`), keeping the
+    request gauges true."""
 
-    def __init__(self, engine: SpeculativeEngine, metrics) -> None:  # metrics: deploy.service.metrics.ServiceMetrics
-        self.engine, self.target, self.metrics = engine, engine.target, metrics
+    def __init__(self, scheduler: BatchScheduler, metrics) -> None:  # metrics: deploy.service.metrics.ServiceMetrics
+        self.scheduler, self.target, self.metrics = scheduler, scheduler.target, metrics
         self._lock = threading.Lock()
         self._started = self._closed = False
         metrics.request_waiting()
 
-    def run(self, *args, **kwargs) -> GenerationResult:  # in a worker thread
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None) -> Future:
+        """Join the running batch. -> the future of the GenerationResult."""
         with self._lock:
             if self._closed:
                 raise AbandonedError("closed before it started")
             self._started = True
             self.metrics.request_started()
-        try:
-            result = self.engine.run(*args, abandoned=lambda: self._closed, **kwargs)
-        finally:
-            self.metrics.request_finished()
-        if result.finish_reason == ABORT:  # nobody is left to observe it
-            self.metrics.observe_work(result)
-        return result
+        future = self.scheduler.submit(prompt_ids, sampling, on_tokens, abandoned=lambda: self._closed)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, future: Future) -> None:
+        self.metrics.request_finished()
+        if not future.cancelled() and future.exception() is None and future.result().finish_reason == ABORT:
+            self.metrics.observe_work(future.result())  # nobody is left to observe it
 
     def close(self) -> None:
         """The request's coroutine is done (answered, failed or cancelled): a generation not yet
@@ -151,13 +157,13 @@ async def _engine_result(run: Awaitable[GenerationResult]) -> GenerationResult:
         raise TargetUnavailableError(f"the target failed to generate ({type(err).__name__}); retry later") from err
 
 
-async def generate(engine: SpeculativeEngine | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
+async def generate(engine: BatchScheduler | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
     start = time.perf_counter()
-    result = await _engine_result(asyncio.to_thread(engine.run, prompt_ids, sampling))
+    result = await _engine_result(asyncio.wrap_future(engine.submit(prompt_ids, sampling)))
     return Finished(result, None, time.perf_counter() - start)
 
 
-async def stream(engine: SpeculativeEngine | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams
+async def stream(engine: BatchScheduler | TrackedEngine, prompt_ids: list[int], sampling: SamplingParams
                  ) -> AsyncIterator[str | Finished]:
     """Text pieces as rounds finish, then one Finished (whose result.text they add up to)."""
     loop = asyncio.get_running_loop()
@@ -166,13 +172,13 @@ async def stream(engine: SpeculativeEngine | TrackedEngine, prompt_ids: list[int
     start = time.perf_counter()
     first_token_s: list[float] = []
 
-    def on_tokens(tokens: list[int]) -> None:  # runs in the engine's thread
+    def on_tokens(tokens: list[int]) -> None:  # runs in the scheduler's thread
         output.extend(tokens)
         if not first_token_s:
             first_token_s.append(time.perf_counter() - start)
         loop.call_soon_threadsafe(updates.put_nowait, list(output))
 
-    task = loop.run_in_executor(None, engine.run, prompt_ids, sampling, on_tokens)
+    task = asyncio.wrap_future(engine.submit(prompt_ids, sampling, on_tokens))
     task.add_done_callback(lambda _: loop.call_soon_threadsafe(updates.put_nowait, None))
     holdback = StopHoldback(sampling.stop)
     while (tokens := await updates.get()) is not None:

@@ -74,3 +74,34 @@ class ForwardCosts:
         """What the round's drafting cost: call_s, the coordinator call as the target saw it
         (overhead_s: its part beyond the drafters' own seconds, own_s)."""
         return call_s
+
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # packed positions of a batch forward, measured
+
+
+class BatchCosts:
+    """Seconds of a batched target forward as a function of its packed positions: the target's
+    batch profile (`TargetModel.batch_profile`, measured once), interpolated linearly between the
+    sizes measured and in proportion beyond the largest, times a running correction to the
+    forwards seen (`observe`), so a machine busier than at start-up is priced as it is."""
+
+    def __init__(self, target: TargetModel, sizes: Sequence[int] = BATCH_SIZES) -> None:
+        self.sizes, self.seconds = list(sizes), target.batch_profile(sizes)
+        self.scale = 1.0
+
+    def profiled_s(self, positions: int) -> float:
+        sizes, seconds = self.sizes, self.seconds
+        if positions >= sizes[-1]:
+            return seconds[-1] * positions / sizes[-1]
+        if positions <= sizes[0]:
+            return seconds[0]
+        upper = next(i for i, size in enumerate(sizes) if size >= positions)
+        low, high = sizes[upper - 1], sizes[upper]
+        return seconds[upper - 1] + (seconds[upper] - seconds[upper - 1]) * (positions - low) / (high - low)
+
+    def forward_s(self, positions: int) -> float:
+        return self.scale * self.profiled_s(positions)
+
+    def observe(self, positions: int, measured_s: float) -> None:
+        ratio = measured_s / self.profiled_s(positions)
+        self.scale = min(4.0, max(0.25, 0.9 * self.scale + 0.1 * ratio))

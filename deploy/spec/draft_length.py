@@ -74,9 +74,9 @@ class DraftLengths:
 
     def tree_rate(self, proposals: Sequence[Proposal]) -> float:
         """Expected tokens emitted per second if these drafts are verified together as one token
-        tree (deploy/spec/draft_tree.py), with each node's P(accepted) from `_node_probabilities`:
+        tree (deploy/spec/draft_tree.py), with each node's P(accepted) from `node_probabilities`:
         what `select_tree` maximises over the tree's cuts."""
-        tree, accepted = self._node_probabilities(proposals)
+        tree, accepted = self.node_probabilities(proposals)
         return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)
 
     def select_tree(self, proposals: Sequence[Proposal]) -> list[int]:
@@ -86,7 +86,7 @@ class DraftLengths:
         tokens per second, (1 + sum of their P) / cost(s + 1); none (a plain step) when no size
         beats it. Node-level, as in EAGLE-2: a draft's first tokens can join while its tail, or a
         weaker draft, is left out."""
-        tree, accepted = self._node_probabilities(proposals)
+        tree, accepted = self.node_probabilities(proposals)
         order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
         best_size, best_rate, expected = 0, 1.0 / self.cost_s(1), 1.0
         for size, node in enumerate(order, start=1):
@@ -94,10 +94,9 @@ class DraftLengths:
             rate = expected / self.cost_s(size + 1)
             if rate > best_rate:
                 best_size, best_rate = size, rate
-        kept = set(order[:best_size])
-        return [next((i for i, node in enumerate(path) if node not in kept), len(path)) for path in tree.paths]
+        return self.lengths_keeping(tree, set(order[:best_size]))
 
-    def _node_probabilities(self, proposals: Sequence[Proposal]) -> tuple[DraftTree, list[float]]:
+    def node_probabilities(self, proposals: Sequence[Proposal]) -> tuple[DraftTree, list[float]]:
         """The drafts' token tree and each node's P(accepted). A node's acceptance, once its parent
         is accepted, is the best of its drafts' a_i there; the children of a node hold distinct
         tokens, so at most one is the target's: in draft order, child c is taken with
@@ -145,6 +144,11 @@ class DraftLengths:
             if rate > best_rate:
                 best, best_rate = l, rate
         return best
+
+    @staticmethod
+    def lengths_keeping(tree: DraftTree, kept: set[int]) -> list[int]:
+        """Each draft of the tree cut where its path leaves the `kept` nodes (a subtree)."""
+        return [next((i for i, node in enumerate(path) if node not in kept), len(path)) for path in tree.paths]
 
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))

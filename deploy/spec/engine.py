@@ -1,16 +1,21 @@
-"""The speculative engine: one request's draft -> verify -> accept loop on the target.
+"""The speculative engine: the draft -> verify -> accept round of one request or of a batch.
 
-`step` is one round, five named calls:
+`iterate(requests)` is one round of every request in it (`step` and `run`: a batch of one; the
+scheduler, deploy/spec/scheduler.py, batches many), as named calls:
 
-    draft    one coordinator call: the newly committed tokens and the previous round's feedback
-             go in, the chosen drafter's draft (and with the `counterfactual` and `tree`
-             verification modes, every model-free drafter's draft as a shadow) comes out
-    choose   each draft cut to the length whose expected yield pays for its forward
+    draft    one coordinator call for the batch (`draft_batch`): each request's newly committed
+             tokens and previous round's feedback go in, its chosen drafter's draft (and with the
+             `counterfactual` and `tree` verification modes, every model-free drafter's draft as a
+             shadow) comes out
+    choose   alone: each draft cut to the length whose expected yield pays for its forward
              (deploy/spec/draft_length.py); in `tree` mode the tree of every draft, the best
-             rated first, cut node by node; the drafts not chosen stay shadows
-    verify   one target forward over [last token, draft] (or the drafts' token tree, with a tree
-             attention mask); p computed once from its logits; `verify` / `verify_tree` accept
-             losslessly; the KV cache keeps the accepted path only
+             rated first, cut node by node; the drafts not chosen stay shadows. In a batch of
+             several (`choose_batch`): the batch's most likely draft nodes, as many as maximise
+             its expected tokens per second (deploy/spec/goodput.py)
+    verify   one target forward over every request's [last token, draft] (or its drafts' token
+             tree), packed, on paged KV caches (`plan`, `TargetModel.forward_batch`); p computed
+             once from each request's logits; `verify` / `verify_tree` accept losslessly
+             (`accept`); each cache keeps its accepted path only
     learn    each verified draft's reward (computed here, where the timings are) and the
              shadows scored against the output as it is committed (deploy/spec/counterfactual.py)
              become the feedback that rides on the next coordinator call; the draft-length
@@ -23,9 +28,11 @@ none when a model-free draft in hand already promises more (drafting in one proc
 sequential: the coordinator drafts the cheap drafters first and defers the model drafter to a
 second call, sized here). The no-draft arm, empty proposals or a one-token budget make the round a
 plain target step. What forwards and drafting cost comes from the cost model
-(deploy/spec/cost_model.py). Greedy output equals plain decoding token for token; sampled output
-follows the target's distribution. A request whose caller has left (`run(abandoned=...)`) ends
-before its next round, its cache and drafter sessions freed.
+(deploy/spec/cost_model.py; a batch's, `BatchCosts`, and the rewards it charges, `BatchPricing`).
+Greedy output equals plain decoding token for token, alone or in a batch; sampled output follows
+the target's distribution. A request whose caller has left (`run(abandoned=...)`) ends before its
+next round, its cache and drafter sessions freed. Rounds are serialised by one lock (the paged KV
+store is shared by every request of the engine).
 """
 from __future__ import annotations
 
@@ -42,15 +49,17 @@ from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer
 from actors.sampling import SamplingParams, warp_probs
-from deploy.spec.cost_model import MAX_PADDING, ForwardCosts, max_positions
+from deploy.spec.cost_model import MAX_PADDING, BatchCosts, ForwardCosts, max_positions
 from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
 from deploy.spec.draft_length import DraftLengths
 from deploy.spec.draft_tree import ROOT, DraftTree
+from deploy.spec.goodput import batch_draft_nodes
 from deploy.spec.logprobs import TokenLogprob, token_logprobs
-from deploy.spec.target import TargetModel
+from deploy.spec.paged_kv import PagedSequence
+from deploy.spec.target import BatchRow, TargetModel
 from deploy.spec.tree_verify import per_draft_outcome, verify_tree
 from deploy.spec.verify import draft_overlaps, verify
-from policy.coordinator import Coordinator, DraftRound, Feedback, RoundFeedback
+from policy.coordinator import Coordinator, DraftCall, DraftRound, Feedback, RoundFeedback
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 from policy.reward import BD, COST, round_reward
 
@@ -125,7 +134,7 @@ class RequestState:
     prompt_ids: list[int]
     sampling: SamplingParams
     generator: torch.Generator
-    cache: object
+    cache: PagedSequence
     shadows: CounterfactualScorer
     cutting: bool  # cut drafts (and choose among them) by the measured costs
     tokens: list[int] = field(default_factory=list)  # committed context; the cache covers tokens[:-1]
@@ -143,6 +152,27 @@ class Drafts:
 
     round: DraftRound
     drafting_s: float  # every drafter's own seconds as measured here, summed
+
+
+@dataclass(frozen=True)
+class BatchPricing:
+    """What a batched forward charges each request's round in rewards: a plain step's share of
+    the batch, plus each verified (or shadow) draft token's marginal cost (goodput's prices)."""
+
+    plain_step_s: float
+    per_token_s: float
+
+    def verify_s(self, drafted: int) -> float:
+        return self.plain_step_s + self.per_token_s * drafted
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """A round's part of a batched target forward and what acceptance needs to read it."""
+
+    row: BatchRow
+    distinct: list[Proposal]  # the distinct non-empty drafts verified
+    tree: DraftTree | None  # their token tree, when more than one
 
 
 @dataclass(frozen=True)
@@ -203,11 +233,14 @@ class SpeculativeEngine:
         self.reward_kind = self.coordinator.reward_kind
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
+        self._lock = threading.RLock()  # the paged KV store: one forward (or release) at a time
+        self.kv = target.new_paged_kv()  # every request's cache, paged (deploy/spec/paged_kv.py)
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         # how many of each draft's tokens to verify, learned from the verifications (deploy/spec/draft_length.py)
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
+        self.batch_costs: BatchCosts | None = None  # set by enable_batching (a scheduler's engine)
 
     def generate(
         self,
@@ -238,48 +271,148 @@ class SpeculativeEngine:
         return self.result(request)
 
     def step(self, request: RequestState) -> RoundTrace:
-        """One round: draft -> choose what to verify -> one forward and accept -> learn -> commit."""
-        start = time.perf_counter()
-        drafts = self.draft(request)
-        chosen = self.choose(drafts.round, request.cutting)
-        draft_s = time.perf_counter() - start
-        verdict = self.verify(request, chosen)
-        request.feedback, reward = self.learn(request, drafts, chosen, verdict, draft_s)
-        emitted = self.commit(request, verdict.emitted, verdict.logprobs)
-        own_s = [p.draft_s for p in chosen.proposals + chosen.shadows]
-        trace = RoundTrace(chosen.label, verdict.drafted, verdict.accepted, emitted, reward, draft_s, verdict.verify_s,
-                           max(own_s, default=0.0), drafts.drafting_s)
-        request.rounds.append(trace)
-        return trace
+        """One round of one request (a batch of one)."""
+        return self.iterate([request])[0]
 
-    def open(self, prompt_ids: list[int], sampling: SamplingParams) -> RequestState:
-        """Check the request, prefill the target's cache with the prompt."""
+    def iterate(self, requests: Sequence[RequestState]) -> list[RoundTrace]:
+        """One round of every request, verified in one batched target forward: draft (one
+        coordinator call) -> choose what to verify (a batch of several: by the batch's goodput,
+        `choose_batch`) -> one forward and accept -> learn -> commit. -> each request's trace."""
+        with self._lock:
+            start = time.perf_counter()
+            drafted = self.draft_batch(requests)
+            batched = len(requests) > 1 and self.batch_costs is not None
+            chosen = (self.choose_batch(requests, drafted) if batched
+                      else [self.choose(d.round, r.cutting) for r, d in zip(requests, drafted)])
+            draft_s = time.perf_counter() - start  # every request of the batch waited for the whole call
+            plans = [self.plan(request, round_, padded=len(requests) == 1) for request, round_ in zip(requests, chosen)]
+            start = time.perf_counter()
+            logits = self.target.forward_batch(self.kv, [plan.row for plan in plans])
+            forward_s = time.perf_counter() - start
+            pricing = self._batch_pricing(len(requests), sum(len(p.row.token_ids) for p in plans), forward_s) \
+                if batched else None
+            traces = []
+            for request, drafts, round_, plan, row_logits in zip(requests, drafted, chosen, plans, logits):
+                verify_s = pricing.verify_s(len(plan.row.token_ids) - 1) if pricing else forward_s
+                verdict = self.accept(request, round_, plan, row_logits, verify_s)
+                # a batch shares its coordinator call: each request is charged its share
+                request.feedback, reward = self.learn(request, drafts, round_, verdict,
+                                                      draft_s / len(requests) if batched else draft_s, pricing)
+                emitted = self.commit(request, verdict.emitted, verdict.logprobs)
+                own_s = [p.draft_s for p in round_.proposals + round_.shadows]
+                trace = RoundTrace(round_.label, verdict.drafted, verdict.accepted, emitted, reward, draft_s,
+                                   verdict.verify_s, max(own_s, default=0.0), drafts.drafting_s)
+                request.rounds.append(trace)
+                traces.append(trace)
+            return traces
+
+    def enable_batching(self) -> None:
+        """Measure the batch forward's costs (deploy/spec/cost_model.BatchCosts): from then on a
+        batch of several requests is cut by its goodput (`choose_batch`)."""
+        if self.batch_costs is None:
+            self.batch_costs = BatchCosts(self.target)
+
+    def _batch_pricing(self, rows: int, positions: int, forward_s: float) -> BatchPricing:
+        """The forward's seconds split as goodput priced them: a plain step's share per request,
+        the rest per draft position (scaled to what the forward measured)."""
+        costs = self.batch_costs
+        predicted, plain = costs.forward_s(positions), costs.forward_s(rows)
+        costs.observe(positions, forward_s)
+        per_token = (predicted - plain) / (positions - rows) if positions > rows else costs.forward_s(rows + 1) - plain
+        scale = forward_s / predicted
+        return BatchPricing(scale * plain / rows, scale * max(per_token, 0.0))
+
+    def choose_batch(self, requests: Sequence[RequestState], drafted: Sequence[Drafts]) -> list[DraftRound]:
+        """What each request of a batch verifies: of all their drafts' nodes (the chosen drafts';
+        in `tree` mode every draft's), the most likely ones, as many as maximise the batch's
+        expected tokens per second (deploy/spec/goodput.py). A request that must verify its
+        draft whole (`cutting` off) is priced as it stands."""
+        base_positions, base_expected = len(requests), float(len(requests))
+        offers: list[tuple[list[Proposal], DraftTree, list[int], list[float]] | None] = []
+        for request, drafts in zip(requests, drafted):
+            candidates = self._candidates(drafts.round)
+            if not candidates:
+                offers.append(None)
+                continue
+            tree, accepted = self.draft_lengths.node_probabilities(candidates)
+            if not request.cutting:
+                base_positions += tree.size
+                base_expected += sum(accepted)
+                offers.append(None)
+                continue
+            order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
+            offers.append((candidates, tree, order, [accepted[node] for node in order]))
+        counts = batch_draft_nodes([offer[3] if offer else [] for offer in offers], base_positions, base_expected,
+                                   self.batch_costs.forward_s)
+        chosen = []
+        for request, drafts, offer, count in zip(requests, drafted, offers, counts):
+            round_ = drafts.round
+            if offer is None:
+                chosen.append(round_)
+                continue
+            candidates, tree, order, _ = offer
+            lengths = dict(zip(map(id, candidates), self.draft_lengths.lengths_keeping(tree, set(order[:count]))))
+            proposals = tuple(p.cut(lengths[id(p)]) if id(p) in lengths else p for p in round_.proposals)
+            shadows = round_.shadows
+            if round_.tree:  # shadows with kept nodes are verified in the tree
+                proposals += tuple(p.cut(lengths[id(p)]) for p in shadows if lengths.get(id(p)))
+                shadows = tuple(p for p in shadows if not lengths.get(id(p)))
+            chosen.append(replace(round_, proposals=proposals, shadows=shadows))
+        return chosen
+
+    def _candidates(self, round_: DraftRound) -> list[Proposal]:
+        """The drafts a round may verify: its chosen drafts, and in `tree` mode every shadow after
+        them, the best rated first (`choose` heads its tree the same way)."""
+        chosen = [p for p in round_.proposals if p.token_ids]
+        if not round_.tree:
+            return chosen
+        shadows = [p for p in round_.shadows if p.token_ids]
+        return chosen + sorted(shadows, key=lambda p: -self.draft_lengths.rate(self.draft_lengths.cut(p)))
+
+    def open(self, prompt_ids: list[int], sampling: SamplingParams, prefill: bool = True) -> RequestState:
+        """Check the request, prefill the target's cache with the prompt (all but its last token;
+        `prefill=False` leaves that to the caller: a scheduler batches prefills)."""
         self.target.check_length(len(prompt_ids), sampling.max_tokens)
         with self._seed_lock:
             seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
-        cache = self.target.new_cache()
-        if len(prompt_ids) > 1:
-            self.target.forward(cache, prompt_ids[:-1], logits_for=0)  # prefill: only the K/V cache is needed
+        cache = PagedSequence()
+        if prefill and len(prompt_ids) > 1:
+            self.prefill([(cache, prompt_ids[:-1])])
         cutting = self.cut_drafts and self.costs.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
         return RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed), cache,
                             CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting, tokens=list(prompt_ids))
 
+    def prefill(self, chunks: Sequence[tuple[PagedSequence, Sequence[int]]]) -> None:
+        """Append prompt tokens to their caches in one batched forward (no logits needed)."""
+        with self._lock:
+            self.target.forward_batch(self.kv, [BatchRow(cache, tokens, logits_for=0) for cache, tokens in chunks])
+
     def draft(self, request: RequestState) -> Drafts:
-        """The coordinator's drafts for this round; a deferred model drafter is asked for as many
-        tokens as pay for its drafting time (`_model_tokens`)."""
-        budget = min(self.k, request.sampling.max_tokens - len(request.output) - 1)  # leaves room for the bonus
-        round_ = self.coordinator.propose(request.request_id, request.tokens[request.sent:], request.feedback, budget,
-                                          request.sampling, defer_models=request.cutting)
-        if round_.deferred:
-            in_hand = round_.proposals + (round_.shadows if round_.tree else ())
-            asked = {arm: min(budget, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
-            extra = self.coordinator.draft_deferred(request.request_id, asked, request.sampling)
-            round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
-        request.sent = len(request.tokens)
-        drafting_s = sum(p.draft_s for p in round_.proposals + round_.shadows)  # measured here
-        round_ = self.costs.priced_drafts(round_)
-        self._time_drafting(round_)
-        return Drafts(round_, drafting_s)
+        return self.draft_batch([request])[0]
+
+    def draft_batch(self, requests: Sequence[RequestState]) -> list[Drafts]:
+        """The coordinator's drafts for every request's round, in one call; a deferred model
+        drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""
+        calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback,
+                           min(self.k, r.sampling.max_tokens - len(r.output) - 1),  # leaves room for the bonus
+                           r.sampling, r.cutting) for r in requests]
+        batched = getattr(self.coordinator, "propose_batch", None)
+        rounds = batched(calls) if batched is not None else [
+            self.coordinator.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, defer_models=c.defer_models)
+            for c in calls]
+        drafts = []
+        for request, call, round_ in zip(requests, calls, rounds):
+            if round_.deferred:
+                in_hand = round_.proposals + (round_.shadows if round_.tree else ())
+                asked = {arm: min(call.k, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
+                extra = self.coordinator.draft_deferred(request.request_id, asked, request.sampling)
+                round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
+            request.sent = len(request.tokens)
+            drafting_s = sum(p.draft_s for p in round_.proposals + round_.shadows)  # measured here
+            round_ = self.costs.priced_drafts(round_)
+            self._time_drafting(round_)
+            drafts.append(Drafts(round_, drafting_s))
+        return drafts
 
     def choose(self, round_: DraftRound, cutting: bool) -> DraftRound:
         """What to verify: each draft cut to the length worth verifying; in `tree` mode the best
@@ -308,21 +441,37 @@ class SpeculativeEngine:
         return replace(cut, proposals=tuple(whole[i].cut(lengths[i]) for i in order if lengths[i]),
                        shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i)))
 
-    def verify(self, request: RequestState, chosen: DraftRound) -> Verdict:
-        """Verify the round's drafts in one target forward and keep the cache on the accepted path."""
-        start = time.perf_counter()
-        tokens, sampling, with_overlaps = request.tokens, request.sampling, self.reward_kind == BD
+    def plan(self, request: RequestState, chosen: DraftRound, padded: bool = True) -> ForwardPlan:
+        """The round's part of a target forward: [last token, draft] (padded to a cheaper size
+        when `padded`, a batch of one), or the drafts' token tree."""
+        tokens = request.tokens
         distinct = list({p.token_ids: p for p in reversed(chosen.proposals) if p.token_ids}.values())[::-1]
         if len(distinct) <= 1:
-            draft, q = (distinct[0].token_ids, distinct[0].q) if distinct else ((), None)
+            draft = distinct[0].token_ids if distinct else ()
             positions = [tokens[-1], *draft]
-            if draft:  # extra positions only change speed; their K/V is cropped
+            if draft and padded:  # extra positions only change speed; their K/V is cropped
                 positions += [draft[-1]] * (self.costs.padded_size[len(positions)] - len(positions))
             # every padded row's logits: the size was chosen by the cost of exactly that (see padded_length)
-            logits = self.target.forward(request.cache, positions)[: len(draft) + 1]  # [d+1, V]
+            return ForwardPlan(BatchRow(request.cache, positions), distinct, None)
+        tree = DraftTree.build([p.token_ids for p in distinct])
+        positions = [tokens[-1], *tree.tokens]
+        parents = [-1] + [0 if parent == ROOT else 1 + parent for parent in tree.parents]
+        if padded and len(positions) < len(self.costs.padded_size):  # padding attends to the prefix only
+            padding = self.costs.padded_size[len(positions)] - len(positions)
+            positions, parents = positions + [tree.tokens[-1]] * padding, parents + [-1] * padding
+        return ForwardPlan(BatchRow(request.cache, positions, parents=parents), distinct, tree)
+
+    def accept(self, request: RequestState, chosen: DraftRound, plan: ForwardPlan, logits: torch.Tensor,
+               verify_s: float) -> Verdict:
+        """Accept from the forward's logits losslessly; the cache keeps the accepted path only."""
+        tokens, sampling, with_overlaps = request.tokens, request.sampling, self.reward_kind == BD
+        distinct, tree = plan.distinct, plan.tree
+        if tree is None:
+            draft, q = (distinct[0].token_ids, distinct[0].q) if distinct else ((), None)
+            logits = logits[: len(draft) + 1]  # [d+1, V]
             p = warp_probs(logits, sampling) if with_overlaps or not sampling.greedy else None  # [d+1, V]
             result = verify(draft, q, logits, sampling, request.generator, with_overlaps=with_overlaps, p=p)
-            self.target.crop(request.cache, len(tokens) + result.accepted)
+            self.kv.crop(request.cache, len(tokens) + result.accepted)
             outcomes = tuple(
                 DraftOutcome(0) if not proposal.token_ids
                 else DraftOutcome(result.accepted, result.overlaps if proposal.q is q or not with_overlaps
@@ -330,19 +479,13 @@ class SpeculativeEngine:
                 for proposal in chosen.proposals
             )
             rows = tuple(range(result.accepted + 1))
-            return Verdict(result.token_ids, len(draft), outcomes, p, rows, len(positions), time.perf_counter() - start,
+            return Verdict(result.token_ids, len(draft), outcomes, p, rows, len(plan.row.token_ids), verify_s,
                            self._logprobs(logits, rows, result.token_ids, sampling))
         drafts = [p.token_ids for p in distinct]
-        tree = DraftTree.build(drafts)
-        positions = [tokens[-1], *tree.tokens]
-        parents = [-1] + [0 if parent == ROOT else 1 + parent for parent in tree.parents]
-        if len(positions) < len(self.costs.padded_size):  # padding attends to the prefix only; cropped below
-            padding = self.costs.padded_size[len(positions)] - len(positions)
-            positions, parents = positions + [tree.tokens[-1]] * padding, parents + [-1] * padding
-        logits = self.target.forward(request.cache, positions, parents=parents)[: 1 + tree.size]  # [1+n, V]
+        logits = logits[: 1 + tree.size]  # [1+n, V]
         p = warp_probs(logits, sampling) if with_overlaps or not sampling.greedy else None  # [1+n, V]
         result = verify_tree(tree, [d.q for d in distinct], drafts, logits, sampling, request.generator, p=p)
-        self.target.keep(request.cache, len(tokens), [len(tokens) + node for node in result.nodes])
+        self.kv.keep(request.cache, len(tokens), [len(tokens) + node for node in result.nodes])
         index = {proposal.token_ids: i for i, proposal in enumerate(distinct)}
         outcomes = tuple(
             DraftOutcome(*per_draft_outcome(tree, index[proposal.token_ids], proposal.token_ids, proposal.q,
@@ -351,21 +494,25 @@ class SpeculativeEngine:
             for proposal in chosen.proposals
         )
         rows = (0, *(1 + node for node in result.nodes))
-        return Verdict(result.token_ids, tree.size, outcomes, p, rows, 0, time.perf_counter() - start,
+        return Verdict(result.token_ids, tree.size, outcomes, p, rows, 0, verify_s,
                        self._logprobs(logits, rows, result.token_ids, sampling))
 
     def learn(self, request: RequestState, drafts: Drafts, chosen: DraftRound, verdict: Verdict,
-              draft_s: float) -> tuple[RoundFeedback | None, float]:
+              draft_s: float, pricing: BatchPricing | None = None) -> tuple[RoundFeedback | None, float]:
         """The round's feedback for the coordinator (each verified draft's reward, and the shadows
         whose score became final) and the draft-length statistics' update. -> (feedback, the
         best verified draft's reward)."""
-        self.costs.observe(verdict.chain_size, verdict.verify_s)
-        priced_s = self.costs.priced_verify_s(verdict.chain_size, verdict.drafted + 1, verdict.verify_s)
+        if pricing is None:  # the cost model's sizes are forwards of one request
+            self.costs.observe(verdict.chain_size, verdict.verify_s)
+            priced_s = self.costs.priced_verify_s(verdict.chain_size, verdict.drafted + 1, verdict.verify_s)
+        else:
+            priced_s = verdict.verify_s
         for proposal, outcome in zip(chosen.proposals, verdict.outcomes):
             self.draft_lengths.observe(proposal, outcome.accepted)
         # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
         overhead_s = max(0.0, draft_s - drafts.drafting_s)
-        feedback = [self._feedback(p, outcome.accepted, outcome.overlaps, p.draft_s + overhead_s, priced_s)
+        plain_step_s = pricing.plain_step_s if pricing else self.costs.plain_step_s
+        feedback = [self._feedback(p, outcome.accepted, outcome.overlaps, p.draft_s + overhead_s, priced_s, plain_step_s)
                     for p, outcome in zip(chosen.proposals, verdict.outcomes)]
         position = len(request.tokens)
         final = request.shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in chosen.shadows], position)
@@ -373,7 +520,7 @@ class SpeculativeEngine:
         final += request.shadows.observe(position, verdict.emitted, lambda i: p[rows[i]])
         for score in final:  # a shadow teaches the draft lengths as a verified draft would
             self.draft_lengths.observe(score.proposal, score.matched)
-        feedback += [self._counterfactual(s) for s in final]
+        feedback += [self._counterfactual(s, pricing) for s in final]
         reward = max((f.reward for f in feedback if not f.counterfactual), default=0.0)
         return (RoundFeedback(tuple(feedback)) if feedback else None), reward
 
@@ -406,6 +553,8 @@ class SpeculativeEngine:
         feedback = request.feedback
         if last:
             feedback = replace(feedback, drafts=feedback.drafts + last) if feedback else RoundFeedback(last)
+        with self._lock:
+            self.kv.release(request.cache)
         self.coordinator.finish(request.request_id, committed[request.sent:], feedback)
 
     def result(self, request: RequestState) -> GenerationResult:
@@ -446,8 +595,8 @@ class SpeculativeEngine:
         return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
 
     def _feedback(self, proposal: Proposal, accepted: int, overlaps: Sequence[float], draft_s: float, verify_s: float,
-                  counterfactual: bool = False) -> Feedback:
-        plain_step_s = self.costs.plain_step_s
+                  plain_step_s: float, counterfactual: bool = False) -> Feedback:
+        """plain_step_s: what a plain step costs the request (alone, or its share of a batch)."""
         reward = round_reward(
             self.reward_kind, accepted=accepted, drafted=len(proposal.token_ids), overlaps=overlaps,
             draft_s=draft_s, verify_s=verify_s, plain_step_s=plain_step_s, k=self.k,
@@ -456,12 +605,17 @@ class SpeculativeEngine:
         weight = (draft_s + verify_s) / plain_step_s if self.reward_kind == COST and plain_step_s else 1.0
         return Feedback(proposal.drafter, len(proposal.token_ids), accepted, reward, counterfactual, weight)
 
-    def _counterfactual(self, shadow: ShadowScore) -> Feedback:
+    def _counterfactual(self, shadow: ShadowScore, pricing: BatchPricing | None = None) -> Feedback:
         """A shadow draft's feedback: its matched tokens as accepted; the cost reward prices it as
-        if verified (its drafting time plus its round's overhead, a verification of its size)."""
+        if verified (its drafting time plus its round's overhead, a verification of its size,
+        alone or in the batch that scored it)."""
         proposal, drafted = shadow.proposal, len(shadow.proposal.token_ids)
         overlaps = tuple(shadow.overlaps)
         if overlaps and shadow.matched < len(overlaps):  # a mismatch: the positions after it count 0
             overlaps += (0.0,) * (drafted - len(overlaps))
-        verify_s = self.costs.shadow_verify_s(drafted)
-        return self._feedback(proposal, shadow.matched, overlaps, proposal.draft_s, verify_s, counterfactual=True)
+        if pricing is None:
+            verify_s, plain_step_s = self.costs.shadow_verify_s(drafted), self.costs.plain_step_s
+        else:
+            verify_s, plain_step_s = pricing.verify_s(drafted), pricing.plain_step_s
+        return self._feedback(proposal, shadow.matched, overlaps, proposal.draft_s, verify_s, plain_step_s,
+                              counterfactual=True)

@@ -5,6 +5,9 @@ of every new position ([n, V], float32 on CPU); `crop` (actors/kv_cache.py) roll
 positions back. `forward(..., parents=)` runs a token tree instead of a chain (several drafts in
 one pass; deploy/spec/draft_tree.py): each new position attends to the prefix, its ancestors and
 itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
+`forward_batch(kv, rows)` is the engine's forward: many requests' new positions (chains or trees)
+in one pass on a paged KV store (deploy/spec/paged_kv.py), each row's logits returned apart;
+`batch_profile` times it by its packed positions (goodput control, deploy/spec/goodput.py).
 Input problems raise InvalidRequestError naming the field.
 """
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +24,18 @@ from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
 from deploy.spec.chat_messages import normalize_messages, template_knows_tools
 from deploy.spec.draft_tree import attention_allowed, depths_of
+from deploy.spec.paged_kv import PagedBatch, PagedKV, PagedSequence, install_paged_attention
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One request's part of a batched forward: `token_ids` appended to its paged `cache`, logits
+    for the first `logits_for` of them (None: all), a token tree when `parents` is given."""
+
+    cache: PagedSequence
+    token_ids: Sequence[int]
+    logits_for: int | None = None
+    parents: Sequence[int] | None = None
 
 
 class TargetModel:
@@ -36,7 +52,9 @@ class TargetModel:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self._profile: list[float] = []  # forward_profile cache
+        self._batch_profiles: dict[tuple, list[float]] = {}  # batch_profile cache
         self._slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._paged = False  # paged attention installed (on the first batched forward)
 
     @property
     def name(self) -> str:
@@ -112,6 +130,69 @@ class TargetModel:
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra).logits[0]
         return logits[: len(token_ids) if logits_for is None else logits_for].float().cpu()
 
+    def new_paged_kv(self, blocks: int = 64) -> PagedKV:
+        return PagedKV.for_model(self.model, blocks)
+
+    @torch.inference_mode()
+    def forward_batch(self, kv: PagedKV, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        """One forward over every row's new positions, packed into one sequence (no padding in the
+        linear layers); each attends to its own request's cache and its own earlier (or ancestor)
+        new positions only (deploy/spec/paged_kv.py). -> per row, the logits [logits_for, V]
+        (float32, CPU)."""
+        if not self._paged:
+            install_paged_attention(self.model)
+            self._paged = True
+        for row in rows:
+            kv.reserve(row.cache, row.cache.length + len(row.token_ids))
+        n_max = max(len(row.token_ids) for row in rows)
+        l_max = max(row.cache.length + len(row.token_ids) for row in rows)
+        q_index = torch.zeros(len(rows), n_max, dtype=torch.long)
+        k_index = torch.zeros(len(rows), l_max, dtype=torch.long)
+        allowed = torch.zeros(len(rows), n_max, l_max, dtype=torch.bool)
+        allowed[:, :, 0] = True  # padding queries attend somewhere (their output is dropped)
+        ids: list[int] = []
+        positions: list[int] = []
+        writes: list[torch.Tensor] = []
+        packed: list[int] = []
+        logit_rows: list[int] = []
+        for b, row in enumerate(rows):
+            n, prefix, start = len(row.token_ids), row.cache.length, len(ids)
+            own = kv.slots(row.cache, 0, prefix + n)
+            k_index[b, : prefix + n] = own
+            q_index[b] = start
+            q_index[b, :n] = torch.arange(start, start + n)
+            if row.parents is None:
+                allowed[b, :n, : prefix + n] = torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix)
+                depths = range(n)
+            else:
+                allowed[b, :n, : prefix + n] = attention_allowed(row.parents, prefix)
+                depths = depths_of(row.parents)
+            ids += row.token_ids
+            positions += [prefix + d for d in depths]
+            writes.append(own[prefix:])
+            packed += range(b * n_max, b * n_max + n)
+            logit_rows += range(start, start + (n if row.logits_for is None else row.logits_for))
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+        batch = PagedBatch(q_index.to(self.device), k_index.to(self.device), mask.to(self.device),
+                           torch.tensor(packed, device=self.device))
+        kv.begin(torch.cat(writes))
+        try:
+            logits = self.model(
+                input_ids=torch.tensor([ids], device=self.device), past_key_values=kv, use_cache=True,
+                attention_mask=batch.mask, position_ids=torch.tensor([positions], device=self.device),
+                logits_to_keep=torch.tensor(logit_rows or [0], device=self.device), paged=batch,
+            ).logits[0].float().cpu()
+        finally:
+            kv.end()
+        out, taken = [], 0
+        for row in rows:
+            row.cache.length += len(row.token_ids)
+            wanted = len(row.token_ids) if row.logits_for is None else row.logits_for
+            out.append(logits[taken : taken + wanted])
+            taken += wanted
+        return out
+
     def crop(self, cache: object, length: int) -> None:
         crop_cache(cache, length)
 
@@ -131,25 +212,49 @@ class TargetModel:
         of them (index 0 = 1 position): the fastest of `repeats` (other work on the machine only
         adds time, and a size that looks cheaper than it is gets used and re-timed by the engine).
 
-        Measured once per target and size on a `context`-token cache (each size warmed up first)
-        and cached. On CPU the cost is far from monotonic in the positions and, more so, in the
+        Measured once per target and size on a `context`-token cache (each size warmed up first),
+        through `forward_batch` with one request (the engine's forward), and cached. On CPU the cost is far from monotonic in the positions and, more so, in the
         vocabulary projection's rows (MKL picks different kernels: here 2 or 3 rows cost more than
         4, 7 more than 8), which `padded_length` exploits: a padded forward keeps every row's logits.
         """
         missing = list(range(len(self._profile) + 1, max_positions + 1))
         if missing:
-            cache = self.new_cache()
-            self.forward(cache, [(7 * i) % self.vocab_size for i in range(context)], logits_for=0)
+            kv, cache = self.new_paged_kv(), PagedSequence()
+            self.forward_batch(kv, [BatchRow(cache, [(7 * i) % self.vocab_size for i in range(context)], logits_for=0)])
             times: dict[int, list[float]] = {m: [] for m in missing}
             for round_index in range(repeats + 1):
                 for m in missing:
                     start = time.perf_counter()
-                    self.forward(cache, list(range(1, m + 1)))
+                    self.forward_batch(kv, [BatchRow(cache, list(range(1, m + 1)))])
                     if round_index:  # round 0 only warms each size up
                         times[m].append(time.perf_counter() - start)
-                    self.crop(cache, context)
+                    kv.crop(cache, context)
             self._profile.extend(min(times[m]) for m in missing)
         return self._profile[:max_positions]
+
+    def batch_profile(self, sizes: Sequence[int], rows: int = 32, context: int = 64, repeats: int = 3) -> list[float]:
+        """Seconds of a batched forward (`forward_batch`) over each of `sizes` packed positions,
+        spread over min(size, rows) requests of `context` cached tokens each: the fastest of
+        `repeats`, after a warm-up. Measured once per target and sizes, and cached."""
+        key = (tuple(sizes), rows, context)
+        if key not in self._batch_profiles:
+            kv = self.new_paged_kv()
+            caches = [PagedSequence() for _ in range(rows)]
+            self.forward_batch(kv, [BatchRow(c, [(7 * i + j) % self.vocab_size for j in range(context)], logits_for=0)
+                                    for i, c in enumerate(caches)])
+            times = {size: [] for size in sizes}
+            for round_index in range(repeats + 1):
+                for size in sizes:
+                    used = caches[: min(size, rows)]
+                    shares = [size // len(used) + (i < size % len(used)) for i in range(len(used))]
+                    start = time.perf_counter()
+                    self.forward_batch(kv, [BatchRow(c, list(range(1, n + 1))) for c, n in zip(used, shares)])
+                    if round_index:  # round 0 only warms each size up
+                        times[size].append(time.perf_counter() - start)
+                    for c in used:
+                        kv.crop(c, context)
+            self._batch_profiles[key] = [min(times[size]) for size in sizes]
+        return self._batch_profiles[key]
 
     def plain_step_s(self) -> float:
         """Seconds of one plain decoding step (a one-position forward)."""

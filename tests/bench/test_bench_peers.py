@@ -5,7 +5,7 @@ import pytest
 from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
 from deploy.bench import BenchPrompt, make_engine
-from deploy.bench.peers import HFPeer
+from deploy.bench.peers import HFBatchPeer, HFContinuousPeer, HFPeer
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
@@ -33,3 +33,25 @@ def test_the_assistant_peer_without_a_draft_model_is_refused_naming_runs(target)
     with pytest.raises(InvalidRequestError) as err:
         HFPeer("hf-assistant", target)
     assert err.value.field == "runs"
+
+
+def test_the_batching_peer_decodes_left_padded_groups_as_plain_decoding_does(target):
+    plain = make_engine("ar", target, ["none"], 7)
+    prompts = [BenchPrompt(f"p{i}", "t", messages=m) for i, m in enumerate(CHAT_PROMPTS)]
+    samples, wall_s = HFBatchPeer(target).sweep(prompts, MAX_TOKENS, concurrency=2)  # groups of 2 and 1
+    for item, sample in zip(prompts, samples):
+        assert sample.token_ids == plain.generate(messages=item.messages,
+                                                  sampling=SamplingParams(max_tokens=MAX_TOKENS)).token_ids
+    assert samples[0].seconds == samples[1].seconds <= wall_s  # one group, one latency
+
+
+def test_the_continuous_batching_peer_decodes_as_plain_decoding_does_and_gives_back_the_model(target):
+    plain = make_engine("ar", target, ["none"], 7)
+    prompts = [BenchPrompt(f"p{i}", "t", messages=m) for i, m in enumerate(CHAT_PROMPTS)]
+    expected = [plain.generate(messages=p.messages, sampling=SamplingParams(max_tokens=MAX_TOKENS)).token_ids
+                for p in prompts]
+    attention = target.model.config._attn_implementation  # the engine's
+    samples, wall_s = HFContinuousPeer(target).sweep(prompts, MAX_TOKENS, concurrency=2)
+    assert [s.token_ids for s in samples] == expected
+    assert all(0 < s.seconds <= wall_s for s in samples)
+    assert target.model.config._attn_implementation == attention  # given back to the engine

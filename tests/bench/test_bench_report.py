@@ -46,6 +46,20 @@ def test_a_concurrent_run_reports_throughput_over_wall_time_and_latency_percenti
     assert row["latency_p50_s"] == 2.0 and 2.9 < row["latency_p99_s"] <= 3.0
 
 
+def test_a_sweep_lists_every_run_per_concurrency_and_charts_throughput_against_it(tmp_path):
+    from deploy.bench.charts import concurrency_chart
+
+    ar = ar_row()
+    rows = [ar, run_row("serve:x", samples({"c1": 1.0, "c2": 1.0, "t1": 1.0}), AR_IDS, ar)]
+    rows += [run_row(f"{name}@c{c}", samples({"c1": 1.0, "c2": 1.0, "t1": 1.0}), AR_IDS, ar, concurrency=c, wall_s=wall)
+             for name, c, wall in (("serve:x", 4, 1.0), ("peer:hf-batch", 1, 3.0), ("peer:hf-batch", 4, 1.5))]
+    report = {"model": "m", "runs": rows, "params": {"prompts": 3, "max_tokens": 4}}
+    table = render_table(report)
+    assert "| peer:hf-batch@c1 | 1 | 3 | 3.3 |" in table and "| serve:x@c4 | 4 | 3 | 10.0 |" in table
+    chart = concurrency_chart(report, tmp_path / "c.png")
+    assert chart.stat().st_size > 0
+
+
 def test_the_oracle_takes_each_tasks_best_single_drafter_and_the_summary_compares_the_best_policy():
     ar = ar_row()
     fast_code = run_row("single:ngram", samples({"c1": 0.5, "c2": 0.5, "t1": 2.0}), AR_IDS, ar)
@@ -75,14 +89,18 @@ def test_a_bench_of_single_drafters_alone_still_compares_each_specialist_on_its_
 
 
 def test_peers_expand_by_glob_and_the_assistant_needs_a_draft_model():
-    assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup"]
+    assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup", "peer:hf-batch", "peer:hf-cb"]
     assert "peer:hf-assistant" in expand_runs("peer:*", POOL, has_draft_model=True)
     with pytest.raises(InvalidRequestError, match="draft-model") as err:
         expand_runs("peer:hf-assistant", POOL)
     assert err.value.field == "runs"
 
 
-@pytest.mark.parametrize("runs", ["serve:metasd-ucb,serve:thompson", "peer:vllm", "turbo:ngram", "policy:nonsense"])
+def test_several_serve_runs_are_one_bench_each_swept_on_its_own_service():
+    assert expand_runs("serve:metasd-ucb,serve:fixed:none", POOL) == ["ar", "serve:metasd-ucb", "serve:fixed:none"]
+
+
+@pytest.mark.parametrize("runs", ["serve:nonsense", "peer:vllm", "turbo:ngram", "policy:nonsense"])
 def test_bad_run_lists_are_rejected_naming_runs(runs):
     with pytest.raises(InvalidRequestError) as err:
         expand_runs(runs, POOL)

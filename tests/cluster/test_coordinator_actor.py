@@ -1,12 +1,13 @@
 """The coordinator actor's body runs without Ray for what does not need it: a drafter marked down
-can still be taken out of the pool."""
+can still be taken out of the pool; a batch iteration's rounds ask each drafter once."""
 import asyncio
 
 import pytest
 
 from cluster import coordinator_actor as coordinator_module
 from cluster.coordinator_actor import CoordinatorActor
-from tests.policy.test_coordinator import RecordingProposer
+from policy.coordinator import DraftCall
+from tests.policy.test_coordinator import GREEDY, RecordingProposer
 
 
 def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
@@ -25,3 +26,38 @@ def test_a_drafter_that_is_down_can_still_be_removed_from_the_pool(monkeypatch):
     down, removed, down_after, pool_after = asyncio.run(mark_down_then_remove())
     assert down == ["b"] and removed is b
     assert down_after == [] and pool_after == ["a"]
+
+
+class FakeDrafterHandle:
+    """A drafter actor's handle without Ray: `propose_batch.remote` answers at once (or fails)."""
+
+    def __init__(self, proposer, fails: bool = False) -> None:
+        self.proposer, self.fails, self.batches = proposer, fails, []
+        self.propose_batch = self  # handle.propose_batch.remote(...)
+
+    def remote(self, calls):
+        from ray.exceptions import RayError
+
+        self.batches.append([call[0] for call in calls])
+        answer = asyncio.get_running_loop().create_future()
+        if self.fails:
+            answer.set_exception(RayError("the actor died"))
+        else:
+            answer.set_result([self.proposer.propose(*call) for call in calls])
+        return answer
+
+
+def test_one_batched_call_asks_each_drafter_once_for_all_its_requests(monkeypatch):
+    monkeypatch.setattr(coordinator_module, "named_drafters", dict)
+    good, broken = FakeDrafterHandle(RecordingProposer("a")), FakeDrafterHandle(RecordingProposer("b"), fails=True)
+    calls = [DraftCall(f"r{i}", [1, 2, i], None, 3, GREEDY) for i in range(3)]
+
+    async def batch(policy, drafters):
+        return await CoordinatorActor(drafters, policy=policy).propose_batch(calls)
+
+    rounds = asyncio.run(batch("fixed:a", {"a": good}))
+    assert good.batches == [["r0", "r1", "r2"]]  # one call for the three requests
+    assert [r.proposals[0].token_ids for r in rounds] == [(0, 0, 0), (1, 1, 1), (2, 2, 2)]
+    rounds = asyncio.run(batch("fixed:b", {"b": broken}))
+    assert broken.batches == [["r0", "r1", "r2"]]
+    assert all(r.proposals[0].drafter == "b" and not r.proposals[0].token_ids for r in rounds)  # plain steps

@@ -3,6 +3,7 @@
 (in-process server with its drafting pool made to fail, as when the coordinator actor dies)."""
 import asyncio
 import json
+from concurrent.futures import Future
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from actors.sampling import SamplingParams
 from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.spec.engine import GenerationResult, SpeculativeEngine
+from deploy.spec.scheduler import BatchScheduler
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 
@@ -37,11 +39,13 @@ def test_an_incomplete_utf8_character_is_held_back():
     assert holdback.advance("café") == "é"
 
 
-class _StubEngine:
+class _StubScheduler:
     target = None
 
-    def run(self, *args, **kwargs):
-        return GenerationResult("generated", [1], "length", 1)
+    def submit(self, *args, **kwargs):
+        future = Future()
+        future.set_result(GenerationResult("generated", [1], "length", 1))
+        return future
 
 
 def gauges(metrics: ServiceMetrics) -> tuple[float, float]:
@@ -50,26 +54,27 @@ def gauges(metrics: ServiceMetrics) -> tuple[float, float]:
 
 def test_a_tracked_request_counts_waiting_then_running_then_nothing():
     metrics = ServiceMetrics()
-    tracked = TrackedEngine(_StubEngine(), metrics)
+    tracked = TrackedEngine(_StubScheduler(), metrics)
     assert gauges(metrics) == (1, 0)
-    assert tracked.run().text == "generated"
+    assert tracked.submit([1], SamplingParams()).result().text == "generated"
     tracked.close()
     assert gauges(metrics) == (0, 0)
 
 
 def test_a_request_closed_before_its_thread_starts_never_generates_and_leaves_no_count():
     metrics = ServiceMetrics()
-    tracked = TrackedEngine(_StubEngine(), metrics)
-    tracked.close()  # its client went away while it waited for a worker thread
+    tracked = TrackedEngine(_StubScheduler(), metrics)
+    tracked.close()  # its client went away before it was submitted
     with pytest.raises(AbandonedError):
-        tracked.run()
+        tracked.submit([1], SamplingParams())
     tracked.close()
     assert gauges(metrics) == (0, 0)
 
 
 @pytest.fixture(scope="module")
 def engine(target):
-    return SpeculativeEngine(target, build_drafters(["ngram", "none"]), policy="metasd-ucb", max_padding=0)
+    return BatchScheduler(SpeculativeEngine(target, build_drafters(["ngram", "none"]), policy="metasd-ucb",
+                                            max_padding=0))
 
 
 @pytest.mark.model
@@ -82,10 +87,10 @@ def test_a_generating_request_whose_client_left_ends_before_its_next_round_and_f
         rounds.append(tokens)
         tracked.close()  # the client went away during the first round
 
-    result = tracked.run(target.encode(prompt=PROMPT), SamplingParams(max_tokens=64), on_tokens)
+    result = tracked.submit(target.encode(prompt=PROMPT), SamplingParams(max_tokens=64), on_tokens).result()
     assert result.finish_reason == "abort"
     assert len(rounds) == len(result.rounds) == 1 and len(result.token_ids) < 64
-    assert engine.coordinator.stats()["active_requests"] == 0
+    assert engine.engine.coordinator.stats()["active_requests"] == 0
     assert gauges(metrics) == (0, 0)
     assert 'finished_reason="abort"' in metrics.render().decode()
 
@@ -101,7 +106,7 @@ def test_streamed_pieces_add_up_to_the_non_streamed_text(target, engine, stop):
     *pieces, done = asyncio.run(collect())
     assert isinstance(done, Finished) and done.result.finish_reason == "stop"  # a stop string was hit
     assert all(isinstance(p, str) and p for p in pieces)
-    assert "".join(pieces) == done.result.text == engine.generate(prompt=PROMPT, sampling=sampling).text
+    assert "".join(pieces) == done.result.text == engine.engine.generate(prompt=PROMPT, sampling=sampling).text
 
 
 class FailingCoordinator:

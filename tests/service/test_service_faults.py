@@ -75,11 +75,11 @@ def test_a_hung_drafter_costs_rounds_their_drafts_only_and_rejoins_once_it_answe
             while os.path.exists(self.path):
                 time.sleep(0.1)
 
-        def propose(self, session, context_delta, k, sampling):
+        def propose_batch(self, calls):
             from actors.proposal import Proposal
 
             self._wait()
-            return Proposal("stall")
+            return [Proposal("stall") for _ in calls]
 
         def release(self, session, context_delta=()) -> None:
             pass

@@ -1,6 +1,6 @@
 """Admission and clients that leave, on the running Ray service (deploy/service/front.py,
-deploy/service/generation.py). The shared service's target replica generates 5 requests at once
-and lets 32 wait (`--max-queued-requests 32`): 64 clients at once each get their exact answer or
+deploy/service/generation.py). The shared service's target replica batches 16 requests at once
+and lets 16 wait (`--max-ongoing-requests 16 --max-queued-requests 16`): 64 clients at once each get their exact answer or
 a 503 with Retry-After in OpenAI's shape (gRPC: their reply or RESOURCE_EXHAUSTED), never a
 timeout, and the service answers afterwards. A client that drops its stream, stops waiting for a
 non-streamed answer, or cancels its gRPC call has its request ended at the next round:

@@ -1,0 +1,116 @@
+"""Under continuous batching, on the real embedded model, each greedy request's output equals its
+plain decoding alone token for token: eight at once of different lengths, one joining mid-batch,
+one cancelled mid-stream and a sampled one beside them; a cancelled request stops costing forwards
+at the next iteration."""
+import threading
+
+import pytest
+import torch
+
+from actors.pool import build_drafters
+from actors.sampling import SamplingParams
+from deploy.spec.engine import ABORT, SpeculativeEngine
+from deploy.spec.paged_kv import PagedKV, PagedSequence
+from deploy.spec.scheduler import BatchScheduler
+from deploy.spec.target import BatchRow
+from tests.conftest import CHAT_PROMPTS
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "The history of the printing press begins",
+    "def quicksort(items):\n",
+    "Q: What is the capital of Japan?\nA:",
+    "Once upon a time, in a small village by the sea,",
+    "Ingredients for a simple tomato soup:\n1.",
+    "The three laws of motion are",
+    "import numpy as np\n\ndef mean(values):",
+    "Dear hiring manager, I am writing to apply for",
+]
+
+
+def plain_alone(target, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """Plain greedy decoding of one request on transformers' own cache: the reference."""
+    cache, output = target.new_cache(), []
+    logits = target.forward(cache, prompt_ids)
+    while len(output) < max_tokens:
+        token = int(logits[-1].argmax())
+        if token in target.eos_ids:
+            break
+        output.append(token)
+        logits = target.forward(cache, [token])
+    return output
+
+
+@pytest.fixture(scope="module")
+def scheduler(target):
+    drafters = build_drafters(["ngram", "suffix", "hierarchy", "none"], None, target.vocab_size)
+    return BatchScheduler(SpeculativeEngine(target, drafters))
+
+
+def test_a_batched_forward_gives_each_request_the_logits_it_gets_alone(target):
+    kv, prompts = target.new_paged_kv(), [target.encode(prompt=p) for p in PROMPTS[:4]]
+    caches = [PagedSequence() for _ in prompts]
+    batched = target.forward_batch(kv, [BatchRow(c, p) for c, p in zip(caches, prompts)])
+    for prompt, logits in zip(prompts, batched):
+        alone = target.forward(target.new_cache(), prompt)
+        assert torch.allclose(logits, alone, atol=1e-3)
+        assert torch.equal(logits.argmax(-1), alone.argmax(-1))
+    assert [c.length for c in caches] == [len(p) for p in prompts]
+
+
+def test_freed_blocks_are_reused_lowest_first_and_the_store_grows_when_full():
+    kv = PagedKV(num_layers=1, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"), blocks=2)
+    first, second = PagedSequence(), PagedSequence()
+    kv.reserve(first, 20)  # two blocks
+    kv.reserve(second, 1)  # none left: the store doubles
+    assert (first.blocks, second.blocks, kv.blocks) == ([0, 1], [2], 4)
+    kv.release(first)
+    third = PagedSequence()
+    kv.reserve(third, 1)
+    assert third.blocks == [0]
+
+
+def test_eight_requests_at_once_each_equal_their_plain_decoding_alone(target, scheduler):
+    prompts = [target.encode(prompt=p) for p in PROMPTS]
+    lengths = [12, 40, 24, 48, 8, 32, 20, 36]
+    futures = [scheduler.submit(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lengths)]
+    sampled = scheduler.submit(prompts[3], SamplingParams(max_tokens=30, temperature=1.0, seed=5))
+    results = [f.result(timeout=300) for f in futures]
+    for index, (prompt, n, result) in enumerate(zip(prompts, lengths, results)):
+        assert result.token_ids == plain_alone(target, prompt, n), f"prompt {index}"
+    assert scheduler.rows > scheduler.iterations  # the requests really shared forwards
+    assert len(sampled.result(timeout=300).token_ids) > 0
+
+
+def test_a_request_joining_mid_batch_and_one_cancelled_mid_stream(target, scheduler):
+    prompts = [target.encode(messages=m) for m in CHAT_PROMPTS]
+    cancelled, streamed = threading.Event(), []
+    started = threading.Event()
+
+    def on_tokens(tokens):
+        streamed.extend(tokens)
+        started.set()
+        if len(streamed) >= 4:
+            cancelled.set()
+
+    long_one = scheduler.submit(prompts[0], SamplingParams(max_tokens=48))
+    leaving = scheduler.submit(prompts[1], SamplingParams(max_tokens=200), on_tokens, cancelled.is_set)
+    assert started.wait(timeout=120)
+    joining = scheduler.submit(prompts[2], SamplingParams(max_tokens=24))  # joins while the others run
+    left = leaving.result(timeout=300)
+    assert left.finish_reason == ABORT and len(left.token_ids) < 200
+    emitted = [r.emitted for r in left.rounds]
+    assert sum(emitted[:-1]) < 4 <= sum(emitted)  # no forward after the round its client left in
+    assert left.token_ids == plain_alone(target, prompts[1], 200)[: len(left.token_ids)]
+    assert joining.result(timeout=300).token_ids == plain_alone(target, prompts[2], 24)
+    assert long_one.result(timeout=300).token_ids == plain_alone(target, prompts[0], 48)
+    assert scheduler.engine.kv.blocks_in_use == 0  # every request's cache freed
+
+
+def test_bad_input_fails_its_own_request_and_the_scheduler_keeps_serving(target, scheduler):
+    too_long = scheduler.submit([1] * 10, SamplingParams(max_tokens=target.context_length))
+    with pytest.raises(Exception, match="max_tokens"):
+        too_long.result(timeout=60)
+    prompt = target.encode(prompt=PROMPTS[0])
+    assert scheduler.run(prompt, SamplingParams(max_tokens=6)).token_ids == plain_alone(target, prompt, 6)
