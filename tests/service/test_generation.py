@@ -61,7 +61,7 @@ def test_a_tracked_request_counts_waiting_then_running_then_nothing():
     assert gauges(metrics) == (0, 0)
 
 
-def test_a_request_closed_before_its_thread_starts_never_generates_and_leaves_no_count():
+def test_a_request_closed_before_it_joins_the_batch_never_generates_and_leaves_no_count():
     metrics = ServiceMetrics()
     tracked = TrackedEngine(_StubScheduler(), metrics)
     tracked.close()  # its client went away before it was submitted
@@ -72,15 +72,15 @@ def test_a_request_closed_before_its_thread_starts_never_generates_and_leaves_no
 
 
 @pytest.fixture(scope="module")
-def engine(target):
+def scheduler(target):
     return BatchScheduler(SpeculativeEngine(target, build_drafters(["ngram", "none"]), policy="metasd-ucb",
                                             max_padding=0))
 
 
 @pytest.mark.model
-def test_a_generating_request_whose_client_left_ends_before_its_next_round_and_frees_its_sessions(target, engine):
+def test_a_generating_request_whose_client_left_ends_before_its_next_round_and_frees_its_sessions(target, scheduler):
     metrics = ServiceMetrics()
-    tracked = TrackedEngine(engine, metrics)
+    tracked = TrackedEngine(scheduler, metrics)
     rounds = []
 
     def on_tokens(tokens):
@@ -90,23 +90,23 @@ def test_a_generating_request_whose_client_left_ends_before_its_next_round_and_f
     result = tracked.submit(target.encode(prompt=PROMPT), SamplingParams(max_tokens=64), on_tokens).result()
     assert result.finish_reason == "abort"
     assert len(rounds) == len(result.rounds) == 1 and len(result.token_ids) < 64
-    assert engine.engine.coordinator.stats()["active_requests"] == 0
+    assert scheduler.engine.coordinator.stats()["active_requests"] == 0
     assert gauges(metrics) == (0, 0)
     assert 'finished_reason="abort"' in metrics.render().decode()
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("stop", [("Thursday",), ("\n", "day")])
-def test_streamed_pieces_add_up_to_the_non_streamed_text(target, engine, stop):
+def test_streamed_pieces_add_up_to_the_non_streamed_text(target, scheduler, stop):
     sampling = SamplingParams(max_tokens=24, stop=stop)
 
     async def collect():
-        return [item async for item in stream(engine, target.encode(prompt=PROMPT), sampling)]
+        return [item async for item in stream(scheduler, target.encode(prompt=PROMPT), sampling)]
 
     *pieces, done = asyncio.run(collect())
     assert isinstance(done, Finished) and done.result.finish_reason == "stop"  # a stop string was hit
     assert all(isinstance(p, str) and p for p in pieces)
-    assert "".join(pieces) == done.result.text == engine.engine.generate(prompt=PROMPT, sampling=sampling).text
+    assert "".join(pieces) == done.result.text == scheduler.engine.generate(prompt=PROMPT, sampling=sampling).text
 
 
 class FailingCoordinator:

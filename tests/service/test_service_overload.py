@@ -20,7 +20,7 @@ from tests.service.test_service_faults import coordinator_stats, wait_until
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MODEL = "smollm2-135m"
 OVERLOAD_CLIENTS = 64
-MAX_TOKENS = 8
+MAX_TOKENS = 48  # long enough that 64 clients at once overflow the batch and the queue before any is answered
 LONG = 400  # tokens a request that its client leaves asks for (tens of seconds of generation here)
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # a prompt greedy decoding continues for all of LONG
 TIMEOUT_S = 300
