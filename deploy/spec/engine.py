@@ -203,8 +203,8 @@ class Verdict:
 
 class SpeculativeEngine:
     """Runs requests against one target. Drafting goes through a coordinator: a local
-    `Coordinator` over `drafters` (default), or any object with the same `propose` / `finish` /
-    `reward_kind` (the Ray coordinator actor's proxy)."""
+    `Coordinator` over `drafters` (default), or any object with the same `propose_batch` /
+    `finish` / `reward_kind` (the Ray coordinator actor's proxy)."""
 
     def __init__(
         self,
@@ -396,10 +396,7 @@ class SpeculativeEngine:
         calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback,
                            min(self.k, r.sampling.max_tokens - len(r.output) - 1),  # leaves room for the bonus
                            r.sampling, r.cutting) for r in requests]
-        batched = getattr(self.coordinator, "propose_batch", None)
-        rounds = batched(calls) if batched is not None else [
-            self.coordinator.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, defer_models=c.defer_models)
-            for c in calls]
+        rounds = self.coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
             if round_.deferred:

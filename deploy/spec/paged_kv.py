@@ -82,7 +82,11 @@ class PagedKV:
 
     def slots(self, sequence: PagedSequence, start: int, stop: int) -> torch.Tensor:
         """The store slots of positions [start, stop) of `sequence` (reserved)."""
-        positions = torch.arange(start, stop)
+        return self.slots_of(sequence, torch.arange(start, stop))
+
+    @staticmethod
+    def slots_of(sequence: PagedSequence, positions: torch.Tensor) -> torch.Tensor:
+        """The store slots of `positions` of `sequence` (reserved)."""
         table = torch.tensor(sequence.blocks, dtype=torch.long)
         return table[positions // BLOCK] * BLOCK + positions % BLOCK
 
@@ -95,7 +99,7 @@ class PagedKV:
         """Keep positions [0, start) plus `positions` (ascending, each >= start) moved to start,
         start + 1, ...; forget the rest (a draft tree's accepted branch)."""
         if list(positions) != list(range(start, start + len(positions))):
-            source = torch.cat([self.slots(sequence, p, p + 1) for p in positions])
+            source = self.slots_of(sequence, torch.tensor(list(positions), dtype=torch.long))
             target = self.slots(sequence, start, start + len(positions))
             for layers in (self.keys, self.values):
                 for store in layers:

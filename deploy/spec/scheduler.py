@@ -70,7 +70,6 @@ class BatchScheduler:
         self.target = self.engine.target
         self.iterations = 0  # speculative rounds run (batched forwards)
         self.rows = 0  # requests verified, summed over those forwards
-        self.last_batch: tuple[str, ...] = ()  # the request ids of the latest round's forward
 
     def run(self, prompt_ids: list[int], sampling: SamplingParams, on_tokens=None,
             abandoned: Callable[[], bool] | None = None) -> GenerationResult:
@@ -134,7 +133,6 @@ class BatchScheduler:
             traces = self.engine.iterate([job.request for job in batch])
             self.iterations += 1
             self.rows += len(batch)
-            self.last_batch = tuple(job.request.request_id for job in batch)
             for job, trace in zip(batch, traces):
                 if job.on_tokens is not None and trace.emitted:
                     job.on_tokens(job.request.output[-trace.emitted:])

@@ -219,23 +219,14 @@ class TargetModel:
         """
         missing = list(range(len(self._profile) + 1, max_positions + 1))
         if missing:
-            kv, cache = self.new_paged_kv(), PagedSequence()
-            self.forward_batch(kv, [BatchRow(cache, [(7 * i) % self.vocab_size for i in range(context)], logits_for=0)])
-            times: dict[int, list[float]] = {m: [] for m in missing}
-            for round_index in range(repeats + 1):
-                for m in missing:
-                    start = time.perf_counter()
-                    self.forward_batch(kv, [BatchRow(cache, list(range(1, m + 1)))])
-                    if round_index:  # round 0 only warms each size up
-                        times[m].append(time.perf_counter() - start)
-                    kv.crop(cache, context)
-            self._profile.extend(min(times[m]) for m in missing)
+            self._profile.extend(self.batch_profile(missing, rows=1, context=context, repeats=repeats))
         return self._profile[:max_positions]
 
     def batch_profile(self, sizes: Sequence[int], rows: int = 32, context: int = 64, repeats: int = 3) -> list[float]:
         """Seconds of a batched forward (`forward_batch`) over each of `sizes` packed positions,
-        spread over min(size, rows) requests of `context` cached tokens each: the fastest of
-        `repeats`, after a warm-up. Measured once per target and sizes, and cached."""
+        spread over min(size, rows) requests of `context` cached tokens each, logits for every
+        position: the fastest of `repeats`, after a warm-up. Measured once per target and sizes,
+        and cached."""
         key = (tuple(sizes), rows, context)
         if key not in self._batch_profiles:
             kv = self.new_paged_kv()

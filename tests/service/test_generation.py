@@ -110,11 +110,11 @@ def test_streamed_pieces_add_up_to_the_non_streamed_text(target, scheduler, stop
 
 
 class FailingCoordinator:
-    """Stands in for a dead coordinator actor: every propose raises."""
+    """Stands in for a dead coordinator actor: every call to draft raises."""
 
     reward_kind = "be"
 
-    def propose(self, *args, **kwargs):
+    def propose_batch(self, *args, **kwargs):
         raise RuntimeError("The actor died unexpectedly before finishing this task.")
 
     def finish(self, *args):

@@ -69,7 +69,10 @@ class ScriptedCoordinator:
         self.context = 0
         self.feedback = []
 
-    def propose(self, request_id, new_tokens, feedback, k, sampling, defer_models=False) -> DraftRound:
+    def propose_batch(self, calls) -> list[DraftRound]:
+        return [self.propose(c.new_tokens, c.feedback, c.k) for c in calls]
+
+    def propose(self, new_tokens, feedback, k) -> DraftRound:
         self.context += len(new_tokens)
         if feedback is not None:
             self.feedback += feedback.drafts
