@@ -11,6 +11,8 @@ value its documentation uses, and its default 2-gram matching); `peer:hf-assista
 configured draft model as its assistant model (its default dynamic draft-length schedule). Each
 gets an explicit greedy GenerationConfig with the target's EOS ids, so its output is comparable
 token for token with `ar`; the EOS token and anything after it are dropped, as the engine does.
+The batching peers record each request's time to first token: a batch's first decoding step (its
+prefill done), seen by a streamer; the manager's own token timestamps.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from actors.errors import InvalidRequestError
 from deploy.bench.prompts import BenchPrompt
@@ -68,6 +71,21 @@ class HFPeer:
         return Sample.from_tokens(new, seconds)
 
 
+class _FirstStep(BaseStreamer):
+    """`generate`'s streamer that notes when the first new tokens arrive (its first `put` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 class HFBatchPeer:
     """`peer:hf-batch`: transformers' `generate` over left-padded batches of `concurrency` prompts."""
 
@@ -89,11 +107,14 @@ class HFBatchPeer:
             width = max(len(ids) for ids in encoded)
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=self.target.device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=self.target.device)
-            out = self.target.model.generate(input_ids, attention_mask=mask, generation_config=self.alone._config(max_tokens))
+            steps = _FirstStep()
+            out = self.target.model.generate(input_ids, attention_mask=mask, generation_config=self.alone._config(max_tokens),
+                                             streamer=steps)
             seconds = time.perf_counter() - group_start
+            first_token_s = steps.at - group_start if steps.at is not None else None
             for row in out[:, width:].tolist():
                 end = next((i for i, token in enumerate(row) if token in self.target.eos_ids), len(row))
-                samples.append(Sample.from_tokens(row[:end], seconds))
+                samples.append(Sample.from_tokens(row[:end], seconds, first_token_s))
         return samples, time.perf_counter() - start
 
 
@@ -122,11 +143,13 @@ class HFContinuousPeer:
             start = time.perf_counter()
             with lock:  # registered before its result can arrive
                 request = manager.add_request(self.target.encode(prompt=item.prompt, messages=item.messages),
-                                              max_new_tokens=max_tokens)
+                                              max_new_tokens=max_tokens, record_timestamps=True)
                 done = finished.setdefault(request, Future())
-            tokens = done.result(timeout=900).generated_tokens
+            result = done.result(timeout=900)
+            tokens, stamps = result.generated_tokens, result.timestamps or []
             end = next((i for i, token in enumerate(tokens) if token in self.target.eos_ids), len(tokens))
-            return Sample.from_tokens(list(tokens[:end]), time.perf_counter() - start)
+            return Sample.from_tokens(list(tokens[:end]), time.perf_counter() - start,
+                                      stamps[0] - start if stamps else None)
 
         def collect() -> None:  # one reader of the manager's output queue
             for _ in prompts:

@@ -3,7 +3,9 @@
 Every row has `tokens, seconds, tokens_per_s, speedup_vs_ar, lossless, mean_accepted_length,
 per_task` (§7) plus `latency_p50_s`, `latency_p99_s` and `drafter_rounds`. A row run at
 concurrency c > 1 (`serve:<policy>@c<c>`) adds `concurrency` and `wall_s`; its `tokens_per_s`
-is throughput (tokens over wall time), its per-task figures are per-request speeds.
+is throughput (tokens over wall time), its per-task figures are per-request speeds. A row whose
+every request saw its first token (streamed service runs, the batching peers) adds
+`ttft_p50_s` and `ttft_p99_s`, the time to first token.
 `lossless` compares every prompt's greedy token ids with `ar`; `samples` lists each prompt's
 `[id, task, tokens, seconds]` (plus its profiled seconds, with a cost profile), from which the
 summary's `uncertainty` is computed (95% bootstrap intervals of the best policy's ratios, a
@@ -67,6 +69,10 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
     latencies = [x.seconds for _, x in samples]
     row["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
     row["latency_p99_s"] = round(float(np.percentile(latencies, 99)), 3)
+    first_tokens = [x.first_token_s for _, x in samples if x.first_token_s is not None]
+    if first_tokens and len(first_tokens) == len(samples):  # runs that see their first tokens
+        row["ttft_p50_s"] = round(float(np.percentile(first_tokens, 50)), 3)
+        row["ttft_p99_s"] = round(float(np.percentile(first_tokens, 99)), 3)
     if wall_s is not None:  # a swept run: its figure is throughput at that concurrency
         row["concurrency"], row["wall_s"] = concurrency, round(wall_s, 3)
     row["per_task"] = {}
@@ -186,6 +192,10 @@ def summarize(rows: Sequence[dict]) -> dict:
     return out
 
 
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
 def render_table(report: dict) -> str:
     """Markdown: overall and per-task speedup vs ar for every run; a latency table for service
     runs; the summary line."""
@@ -213,12 +223,13 @@ def render_table(report: dict) -> str:
                    key=lambda r: (r.get("concurrency", 1), r["name"]))
     if swept:
         lines += ["", "| run | concurrency | requests | tok/s (throughput) | vs ar | tokens/forward | p50 latency s | "
-                      "p99 latency s | lossless |", "|---|---|---|---|---|---|---|---|---|"]
+                      "p99 latency s | TTFT p50 s | TTFT p99 s | lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         requests = report["params"]["prompts"]
         for row in swept:
             mal = "" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
             lines.append(f"| {row['name']} | {row.get('concurrency', 1)} | {requests} | {row['tokens_per_s']:.1f} | "
                          f"{row['speedup_vs_ar']:.2f}x | {mal} | {row['latency_p50_s']:.2f} | {row['latency_p99_s']:.2f} | "
+                         f"{_seconds(row.get('ttft_p50_s'))} | {_seconds(row.get('ttft_p99_s'))} | "
                          f"{'yes' if row['lossless'] else 'NO'} |")
     summary = report.get("summary") or {}
     if summary:

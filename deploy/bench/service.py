@@ -6,7 +6,9 @@ At concurrency 1 the service takes its turn with the in-process runs, prompt by 
 after the interleaved runs, each level on a restarted service: its suffix cache would otherwise
 hold the answers to these very prompts (measured: 5x "faster" on the replay). Such a run's
 tokens/s is throughput (all tokens over the wall time); each sample's seconds is that request's
-latency.
+latency. Requests stream (SSE, as interactive clients do): a sample's `first_token_s` is the
+time to its first chunk of text; the token ids come on the finish chunk (`return_token_ids`)
+and the per-request metrics on the usage chunk.
 """
 from __future__ import annotations
 
@@ -65,22 +67,44 @@ class ServiceRun:
     def attach(cls, url: str, model: str, api_key: str | None = None) -> "ServiceRun":
         return cls(url, model, api_key)
 
-    def _post(self, path: str, body: dict) -> dict:
+    def _request(self, path: str, body: dict) -> urllib.request.Request:
         body = {"model": self.model, "temperature": 0.0, "return_token_ids": True, **body}
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(request, timeout=900) as response:
+        return urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
+
+    def _post(self, path: str, body: dict) -> dict:
+        with urllib.request.urlopen(self._request(path, body), timeout=900) as response:
             return json.loads(response.read())
 
     def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        """One streamed request. -> its sample (latency, time to first text, token ids, metrics)."""
+        chat = item.messages is not None
+        path, body = (("/v1/chat/completions", {"messages": item.messages}) if chat
+                      else ("/v1/completions", {"prompt": item.prompt}))
+        body |= {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
         start = time.perf_counter()
-        if item.messages is not None:
-            body = self._post("/v1/chat/completions", {"messages": item.messages, "max_tokens": max_tokens})
-        else:
-            body = self._post("/v1/completions", {"prompt": item.prompt, "max_tokens": max_tokens})
-        return Sample.from_http(body, time.perf_counter() - start)
+        first_token_s, token_ids, metrics = None, None, None
+        with urllib.request.urlopen(self._request(path, body), timeout=900) as response:
+            for line in response:
+                data = line.decode().removeprefix("data: ").strip()
+                if not data or data == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"the service failed mid-stream: {chunk['error']}")
+                for choice in chunk["choices"]:
+                    text = choice["delta"].get("content") if chat else choice["text"]
+                    if text and first_token_s is None:
+                        first_token_s = time.perf_counter() - start
+                    token_ids = choice.get("token_ids", token_ids)
+                metrics = chunk.get("metrics", metrics)
+        seconds = time.perf_counter() - start
+        if token_ids is None:
+            raise RuntimeError("the stream ended without its finish chunk")
+        return Sample.from_http({"choices": [{"token_ids": token_ids}], **({"metrics": metrics} if metrics else {})},
+                                seconds, first_token_s)
 
     def sweep(self, prompts: Sequence[BenchPrompt], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
         """Every prompt through `concurrency` client threads. -> (samples in prompt order, wall seconds)."""

@@ -79,7 +79,7 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, **_bounds(minimum=1, maximum=1))
     best_of: int | None = Field(default=None, **_bounds(minimum=1, maximum=1))
-    return_token_ids: bool = False  # extension (as in vLLM): choices[0].token_ids
+    return_token_ids: bool = False  # extension (as in vLLM): each choice's token_ids (streamed: on its finish chunk)
     cache_salt: str | None = Field(default=None, max_length=256)  # extension (as in vLLM): its own drafter caches
 
 
@@ -271,7 +271,9 @@ def completion_body(request_id: str, model: str, results: GenerationResult | Seq
 
 
 def chunk_body(request_id: str, model: str, chat: bool, text: str | None, finish_reason: str | None,
-               first: bool = False, index: int = 0) -> dict:
+               first: bool = False, index: int = 0, token_ids: list[int] | None = None) -> dict:
+    """One SSE chunk of choice `index`; `token_ids` (a finish chunk, when the request asked for
+    `return_token_ids`) are every token of that choice."""
     if chat:
         delta: dict = {"role": "assistant"} if first else {}
         if text:
@@ -279,6 +281,8 @@ def chunk_body(request_id: str, model: str, chat: bool, text: str | None, finish
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
     else:
         choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice]}
 

@@ -224,7 +224,7 @@ class SpecfleetServer:
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, chat, prompts, include_usage),
+            return StreamingResponse(self._stream(request_id, chat, prompts, include_usage, req.return_token_ids),
                                      media_type="text/event-stream", headers=headers)
         generations = [asyncio.ensure_future(self._generate(ids, sampling)) for ids, sampling in prompts]
         try:
@@ -240,10 +240,10 @@ class SpecfleetServer:
         return JSONResponse(body, headers=headers)
 
     async def _stream(self, request_id: str, chat: bool, prompts: list[tuple[list[int], SamplingParams]],
-                      include_usage: bool):
+                      include_usage: bool, token_ids: bool = False):
         """SSE chunks whose text adds up, per choice, to the non-streamed text
         (deploy/service/generation.stream); several prompts stream side by side, each chunk naming its
-        choice's index. A target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
+        choice's index; with `token_ids`, each choice's finish chunk carries its token ids. A target failure mid-stream ends it with an error event (503 body) and `[DONE]`."""
         for index in range(len(prompts)):
             yield sse_event(chunk_body(request_id, self.model_name, chat, None, None, first=True, index=index))
         events: asyncio.Queue = asyncio.Queue()
@@ -269,7 +269,7 @@ class SpecfleetServer:
                 if isinstance(item, Finished):
                     finished[index] = item
                     yield sse_event(chunk_body(request_id, self.model_name, chat, None, item.result.finish_reason,
-                                               index=index))
+                                               index=index, token_ids=item.result.token_ids if token_ids else None))
                 else:
                     yield sse_event(chunk_body(request_id, self.model_name, chat, item, None, index=index))
         finally:

@@ -43,6 +43,7 @@ def test_the_batching_peer_decodes_left_padded_groups_as_plain_decoding_does(tar
         assert sample.token_ids == plain.generate(messages=item.messages,
                                                   sampling=SamplingParams(max_tokens=MAX_TOKENS)).token_ids
     assert samples[0].seconds == samples[1].seconds <= wall_s  # one group, one latency
+    assert 0 < samples[0].first_token_s == samples[1].first_token_s < samples[0].seconds  # its first step
 
 
 def test_the_continuous_batching_peer_decodes_as_plain_decoding_does_and_gives_back_the_model(target):
@@ -53,5 +54,5 @@ def test_the_continuous_batching_peer_decodes_as_plain_decoding_does_and_gives_b
     attention = target.model.config._attn_implementation  # the engine's
     samples, wall_s = HFContinuousPeer(target).sweep(prompts, MAX_TOKENS, concurrency=2)
     assert [s.token_ids for s in samples] == expected
-    assert all(0 < s.seconds <= wall_s for s in samples)
+    assert all(0 < s.first_token_s < s.seconds <= wall_s for s in samples)
     assert target.model.config._attn_implementation == attention  # given back to the engine

@@ -44,6 +44,16 @@ def test_a_concurrent_run_reports_throughput_over_wall_time_and_latency_percenti
     assert row["tokens_per_s"] == 5.0 and row["speedup_vs_ar"] == 2.0
     assert row["concurrency"] == 4 and row["wall_s"] == 2.0
     assert row["latency_p50_s"] == 2.0 and 2.9 < row["latency_p99_s"] <= 3.0
+    assert "ttft_p50_s" not in row  # these samples never saw their first token
+
+
+def test_a_run_that_sees_first_tokens_reports_their_percentiles_in_its_row_and_table():
+    ar = ar_row()
+    seen = [(p, Sample(AR_IDS[p.id], 2.0, 1, {}, 0.0, 0.0, first_token_s=t)) for p, t in zip(PROMPTS, (0.1, 0.3, 0.2))]
+    row = run_row("serve:x@c4", seen, AR_IDS, ar, concurrency=4, wall_s=2.0)
+    assert row["ttft_p50_s"] == 0.2 and 0.29 < row["ttft_p99_s"] <= 0.3
+    table = render_table({"model": "m", "runs": [ar, row], "params": {"prompts": 3, "max_tokens": 4}})
+    assert "| 2.00 | 2.00 | 0.20 | 0.30 | yes |" in table
 
 
 def test_a_sweep_lists_every_run_per_concurrency_and_charts_throughput_against_it(tmp_path):

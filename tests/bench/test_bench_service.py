@@ -1,5 +1,6 @@
 """A bench `serve:` run at concurrency > 1 against the shared live service: every answer that
-came back concurrently equals plain decoding, and the row reports throughput and latencies."""
+came back concurrently (streamed) equals plain decoding, and the row reports throughput, latencies
+and times to first token."""
 import pytest
 
 from actors.sampling import SamplingParams
@@ -31,5 +32,7 @@ def test_a_concurrent_sweep_through_the_service_is_lossless_and_reports_throughp
     assert row["lossless"] and row["concurrency"] == 3
     assert row["tokens_per_s"] == pytest.approx(row["tokens"] / wall_s, rel=1e-3)
     assert 0 < row["latency_p50_s"] <= row["latency_p99_s"] <= wall_s + 1e-3
+    assert all(0 < s.first_token_s < s.seconds for s in samples)  # the first text came before the end
+    assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] < row["latency_p99_s"]
     assert sum(row["drafter_rounds"].values()) > 0  # the service reported its rounds per drafter
     assert ServiceRun.attach(service.url, "smollm2-135m", service.api_key).generate(PROMPTS[2], 4).token_ids

@@ -86,15 +86,20 @@ def test_streamed_text_equals_the_non_streamed_text(client, plain):
     assert "speculative_decoding" in usage.model_extra["metrics"]
 
 
-def test_streamed_completion_ends_with_done(service):
+def test_streamed_completion_ends_with_done_and_its_finish_chunk_carries_the_token_ids(service):
+    body = {"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
     request = urllib.request.Request(
-        f"{service.url}/v1/completions",
-        data=json.dumps({"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 8, "stream": True}).encode(),
+        f"{service.url}/v1/completions", data=json.dumps(body | {"stream": True}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {service.api_key}"})
     with urllib.request.urlopen(request, timeout=300) as response:
         lines = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    assert all(json.loads(line[6:])["object"] == "text_completion" for line in lines[:-1])
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(chunk["object"] == "text_completion" for chunk in chunks)
+    finish = [choice for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
+    status, whole = post(service, "/v1/completions", body)
+    assert status == 200 and [choice["token_ids"] for choice in finish] == [whole["choices"][0]["token_ids"]]
+    assert all("token_ids" not in choice for chunk in chunks for choice in chunk["choices"] if not choice["finish_reason"])
 
 
 def test_two_concurrent_requests_both_come_back_exact(client, plain):
