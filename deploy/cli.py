@@ -102,6 +102,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.tasks:
         wanted = set(args.tasks.split(","))
         prompts = [p for p in prompts if p.task in wanted]
+    if args.split:
+        prompts = [p for p in prompts if p.split == args.split]
+        if not prompts:
+            raise InvalidRequestError("split", f"{args.prompts} holds no {args.split} prompts (of the tasks asked for)")
     if args.limit:
         prompts = prompts[: args.limit]
     drafters = parse_drafter_names(_drafter_names(args))
@@ -239,6 +243,7 @@ def cmd_drafters(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
+    from deploy.bench.prompts import SPLITS
     from deploy.serve_flags import add_serve_flags
     from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, VERIFY_MODES
 
@@ -274,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    bench.add_argument("--split", choices=SPLITS, default=None,
+                       help="only the prompts of this split: dev (tuned on) or test (reported only; default: all)")
     bench.add_argument("--cost-profile", default=None,
                        help="run in-process engines as on a device with this verification cost profile (its costs "
                             "decide cuts, budgets and rewards) and also report their speed re-timed with it "

@@ -1,6 +1,14 @@
 """Bench prompt files: JSONL, one prompt a line, `{"id", "task", "messages": [...]}` (chat
-template applied) or `{"id", "task", "prompt": "..."}` (raw completion). Problems raise
-InvalidRequestError naming `prompts` and the line.
+template applied) or `{"id", "task", "prompt": "..."}` (raw completion), each with an optional
+`split`: `dev` (the default: prompts any default, threshold or prior may be tuned on) or `test`
+(prompts only reported on, never tuned on). Problems raise InvalidRequestError naming `prompts`
+and the line.
+
+The shipped sets (docs/benchmarks.md, "Development and test prompts"): `mixed.jsonl`, 7 tasks x 5,
+is the development set the defaults were chosen on; `mixed_test.jsonl` holds 4 new prompts of
+each of those tasks and `styles_test.jsonl` 32 prompts of 4 styles no default was chosen on
+(long multi-turn chat, JSON and tool calls, editing a given text, dialogue in other languages),
+both written before any tuning on them.
 """
 from __future__ import annotations
 
@@ -11,8 +19,11 @@ from pathlib import Path
 from actors.errors import InvalidRequestError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
-MIXED_PROMPTS = PROMPTS_DIR / "mixed.jsonl"  # 7 tasks x 5 prompts
+MIXED_PROMPTS = PROMPTS_DIR / "mixed.jsonl"  # 7 tasks x 5 prompts, split dev
+MIXED_TEST_PROMPTS = PROMPTS_DIR / "mixed_test.jsonl"  # the same 7 tasks x 4, split test
+STYLES_TEST_PROMPTS = PROMPTS_DIR / "styles_test.jsonl"  # 4 new styles x 8, split test
 TASK_SWITCH_PROMPTS = PROMPTS_DIR / "task_switch.jsonl"  # answers that change task midway
+SPLITS = ("dev", "test")
 
 
 @dataclass(frozen=True)
@@ -21,6 +32,7 @@ class BenchPrompt:
     task: str
     messages: list[dict] | None = None
     prompt: str | None = None
+    split: str = "dev"
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
@@ -36,7 +48,10 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
             raise InvalidRequestError("prompts", f"line {line_no}: needs string fields id and task")
         if ("messages" in row) == ("prompt" in row):
             raise InvalidRequestError("prompts", f"line {line_no}: needs exactly one of messages or prompt")
-        items.append(BenchPrompt(row["id"], row["task"], row.get("messages"), row.get("prompt")))
+        split = row.get("split", "dev")
+        if split not in SPLITS:
+            raise InvalidRequestError("prompts", f"line {line_no}: split must be one of {', '.join(SPLITS)}, got {split!r}")
+        items.append(BenchPrompt(row["id"], row["task"], row.get("messages"), row.get("prompt"), split))
     if not items:
         raise InvalidRequestError("prompts", f"{path} holds no prompts")
     if len({p.id for p in items}) != len(items):

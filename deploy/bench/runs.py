@@ -181,7 +181,8 @@ def run_bench(
     return {
         "model": target.name,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
-                   "prompts": len(prompts), "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
+                   "prompts": len(prompts), "splits": sorted({p.split for p in prompts}),
+                   "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
                       if profile else {})},

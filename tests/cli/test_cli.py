@@ -48,7 +48,7 @@ def test_bench_writes_the_report_schema(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         json.dumps({"id": "a", "task": "code", "messages": [{"role": "user", "content": "Write hello world in C."}]})
-        + "\n" + json.dumps({"id": "b", "task": "chat", "prompt": "Once upon a time"}) + "\n")
+        + "\n" + json.dumps({"id": "b", "task": "chat", "split": "test", "prompt": "Once upon a time"}) + "\n")
     out = tmp_path / "bench.json"
     done = run_cli("bench", "--prompts", str(prompts), "--max-tokens", "12", "--runs", "peer:hf-generate,single:*,policy:metasd-ucb",
                    "--out", str(out), "--no-progress", "--trace-prompt", "b", "--no-cut")
@@ -56,6 +56,8 @@ def test_bench_writes_the_report_schema(tmp_path):
     report = json.loads(out.read_text())
     assert report["params"]["max_tokens"] == 12 and report["params"]["temperature"] == 0.0
     assert report["params"]["cut_drafts"] is False  # --no-cut: every drafted token verified
+    assert report["params"]["splits"] == ["dev", "test"]  # a prompt without a split is dev
+    assert "split dev and test" in out.with_suffix(".md").read_text()
     names = [r["name"] for r in report["runs"]]
     assert names == ["ar", "peer:hf-generate", "single:ngram", "single:suffix", "single:hierarchy", "policy:metasd-ucb",
                      "oracle"]
@@ -71,6 +73,27 @@ def test_bench_writes_the_report_schema(tmp_path):
         assert set(row["per_task"]) == {"code", "chat"}
     assert report["runs"][0]["speedup_vs_ar"] == 1.0 and report["runs"][0]["mean_accepted_length"] is None
     assert out.with_suffix(".md").read_text().startswith("| run |")
+
+
+def test_bench_rejects_a_split_with_no_prompts_and_a_prompt_with_an_unknown_split(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "task": "chat", "prompt": "Hello"}) + "\n")
+    done = run_cli("bench", "--prompts", str(prompts), "--split", "test", "--no-progress")
+    assert done.returncode == 2 and "error: split:" in done.stderr
+    prompts.write_text(json.dumps({"id": "a", "task": "chat", "split": "holdout", "prompt": "Hello"}) + "\n")
+    done = run_cli("bench", "--prompts", str(prompts), "--no-progress")
+    assert done.returncode == 2 and "error: prompts: line 1: split must be one of dev, test" in done.stderr
+
+
+def test_the_shipped_test_sets_are_test_split_and_the_development_set_is_dev():
+    from deploy.bench.prompts import MIXED_PROMPTS, MIXED_TEST_PROMPTS, STYLES_TEST_PROMPTS, load_prompts
+
+    mixed, mixed_test, styles = (load_prompts(p) for p in (MIXED_PROMPTS, MIXED_TEST_PROMPTS, STYLES_TEST_PROMPTS))
+    assert {p.split for p in mixed} == {"dev"} and {p.split for p in mixed_test + styles} == {"test"}
+    assert {p.task for p in mixed_test} == {p.task for p in mixed}  # the development set's tasks, new prompts
+    assert len(styles) >= 30 and not {p.task for p in styles} & {p.task for p in mixed}  # styles not used before
+    texts = {json.dumps(p.messages) for p in mixed}
+    assert not any(json.dumps(p.messages) in texts for p in mixed_test + styles)
 
 
 def test_bench_rejects_a_run_that_matches_nothing(tmp_path):
