@@ -307,7 +307,7 @@ class RemoteCoordinator:
         self._registration = (name, placement)
         ray.get(self.handle.register_replica.remote(name, placement))
 
-    def stats(self) -> dict:
+    def stats(self, timeout: float | None = None) -> dict:
         import ray
 
-        return ray.get(self.handle.stats.remote())
+        return ray.get(self.handle.stats.remote(), timeout=timeout)

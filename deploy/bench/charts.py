@@ -16,6 +16,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _title(report: dict) -> str:
+    return f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, {report['params']['prompts']} prompts"
+
+
 def speedup_chart(report: dict, path: Path) -> Path:
     runs = [r for r in report["runs"] if "concurrency" not in r and r["name"] != "ar"]
     groups = list(report["runs"][0]["per_task"]) + ["all"]
@@ -27,8 +31,7 @@ def speedup_chart(report: dict, path: Path) -> Path:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("speedup vs plain decoding (ar)")
-    ax.set_title(f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, "
-                 f"{report['params']['prompts']} prompts")
+    ax.set_title(_title(report))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -57,8 +60,7 @@ def concurrency_chart(report: dict, path: Path) -> Path | None:
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("clients at once")
     ax.set_ylabel("throughput, tokens/s")
-    ax.set_title(f"{report['model']}, greedy, max_tokens {report['params']['max_tokens']}, "
-                 f"{report['params']['prompts']} prompts")
+    ax.set_title(_title(report))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

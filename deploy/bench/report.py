@@ -187,13 +187,12 @@ def summarize(rows: Sequence[dict]) -> dict:
                 out[key]["ci95"] = ratio_interval(best_multi, best_one, [], profiled=profiled)
     if specialists:
         out["specialists"] = specialists
-    arms = {r["name"].removeprefix("single:"): r for r in rows
-            if r["name"].startswith("single:") and "concurrency" not in r and "samples" in r}
-    if arms:
+    singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]
+    if singles:
+        arms = {r["name"].removeprefix("single:"): r for r in singles}
         arms.setdefault(NO_DRAFT, rows[0])  # plain decoding is the no-draft arm
         regrets = {r["name"]: request_regret(r, arms) for r in policies if "prompt_rounds" in r}
         out["regret"] = {name: figures for name, figures in regrets.items() if figures}
-    singles = [r for r in rows if r["name"].startswith("single:") and "samples" in r]
     if singles and "samples" in policy:
         out["uncertainty"] = {
             "vs_best_single_ci95": ratio_interval(policy, max(singles, key=lambda r: r["tokens_per_s"]), singles),

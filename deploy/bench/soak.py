@@ -264,9 +264,8 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters
     from actors.sampling import SamplingParams
-    from cluster.coordinator_actor import COORDINATOR_NAME
+    from cluster.coordinator_actor import connect_coordinator
     from cluster.drafter_actor import named_drafters
-    from cluster.local import NAMESPACE
     from deploy.config import ServiceConfig
     from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
     from deploy.spec.engine import SpeculativeEngine
@@ -303,9 +302,9 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
         end = time.monotonic() - start
         for name, mib in memory_mib(pids).items():
             series[name].append((end, mib))
-        coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+        coordinator = connect_coordinator()
         time.sleep(5)  # let cancelled requests' releases land
-        stats = ray.get(coordinator.stats.remote(), timeout=30)
+        stats = coordinator.stats(timeout=30)
         sessions = {name: ray.get(handle.open_sessions.remote()) for name, handle in named_drafters().items()}
         memory = {}
         for name, samples in series.items():

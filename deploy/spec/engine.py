@@ -387,9 +387,6 @@ class SpeculativeEngine:
         with self._lock:
             self.target.forward_batch(self.kv, [BatchRow(cache, tokens, logits_for=0) for cache, tokens in chunks])
 
-    def draft(self, request: RequestState) -> Drafts:
-        return self.draft_batch([request])[0]
-
     def draft_batch(self, requests: Sequence[RequestState]) -> list[Drafts]:
         """The coordinator's drafts for every request's round, in one call; a deferred model
         drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""

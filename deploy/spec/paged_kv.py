@@ -33,9 +33,6 @@ class PagedSequence:
     blocks: list[int] = field(default_factory=list)
     length: int = 0
 
-    def get_seq_length(self) -> int:
-        return self.length
-
 
 class PagedKV:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
