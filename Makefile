@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PROMPTS := deploy/prompts/mixed.jsonl
 STUBS   := deploy/service/proto/specfleet_pb2.py deploy/service/proto/specfleet_pb2_grpc.py
 
-.PHONY: install serve demo test soak cluster-deps bench specialists bench-specialists clean
+.PHONY: install serve demo test soak cluster-deps bench specialists bench-specialists eagle clean
 
 install: $(STAMP) $(STUBS)
 
@@ -73,6 +73,12 @@ bench: install
 # a retrieval datastore and a distilled drafter per task, under $$SPECFLEET_CACHE/specialists (not git)
 specialists: install
 	$(VENV)/bin/specfleet specialists
+
+# the eagle drafter's head for the embedded target (`--drafters ...,eagle`), trained on the target's own features
+# and its answers to deploy/prompts/train/*.jsonl (the specialists' corpora, built when missing), under
+# $$SPECFLEET_CACHE/eagle/ (not git); `specfleet train-eagle --model M --device cuda` for another target
+eagle: install
+	$(VENV)/bin/specfleet train-eagle
 
 # the specialist pool on the mixed set (docs/benchmarks.md)
 SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-warm@counterfactual,policy:metasd-ucb-cost-warm@tree

@@ -2,7 +2,8 @@
 
 Kinds: `ngram` (prompt lookup), `suffix` (cache of past requests), `hierarchy` (context, then past
 requests, then the model drafter if any), `hf` (a model drafter; needs a draft model), `none`
-(the no-draft arm), and the task specialists built by `specfleet specialists` (actors/specialists.py),
+(the no-draft arm), `eagle` (an EAGLE-style head on the target's features, trained for the target by
+`specfleet train-eagle`; actors/eagle.py), and the task specialists built by `specfleet specialists` (actors/specialists.py),
 which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
 their task knowledge: `retrieval-<task>` (its datastore, when it matches a longer tail) and
 `distill-<task>` (its distilled model). Unknown or unbuilt names raise InvalidRequestError
@@ -17,13 +18,14 @@ import torch
 from actors.errors import InvalidRequestError
 from actors.hf import HFModelProposer
 from actors.hierarchy import HierarchyProposer
+from actors.models import DEFAULT_MODEL
 from actors.ngram import NgramProposer
 from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
 from actors.specialists import built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 
-DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", NO_DRAFT)
+DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)
 POOLS = ("default", "specialists")
 DISTILL_MIN_CONFIDENCE = 0.4  # a distilled specialist stops drafting after a token it is less sure of
@@ -62,8 +64,12 @@ def build_drafters(
     names: str | Sequence[str] = DEFAULT_DRAFTERS,
     draft_model: torch.nn.Module | None = None,
     target_vocab_size: int | None = None,
+    target: str = DEFAULT_MODEL,
+    eagle_head: str | None = None,
 ) -> dict[str, Proposer]:
-    """Fresh drafters (empty caches, no sessions), keyed by name."""
+    """Fresh drafters (empty caches, no sessions), keyed by name. `target`: the target's name as
+    --model gives it; `eagle` loads the head trained for it (actors/eagle_head.eagle_dir), or the
+    head directory `eagle_head` when given."""
     pool: dict[str, Proposer] = {}
     for name in parse_drafter_names(names):
         if name == "ngram":
@@ -76,6 +82,8 @@ def build_drafters(
             if draft_model is None:
                 raise InvalidRequestError("drafters", "'hf' needs a draft model (--draft-model)")
             pool[name] = HFModelProposer(draft_model, name="hf", target_vocab_size=target_vocab_size)
+        elif name == "eagle":
+            pool[name] = _eagle(target, target_vocab_size, eagle_head)
         elif name == "hierarchy":
             sources: list[Proposer] = [NgramProposer(name="hierarchy.ngram", min_n=2), SuffixProposer(name="hierarchy.suffix", min_match=4)]
             if draft_model is not None:
@@ -84,6 +92,27 @@ def build_drafters(
         else:
             pool[name] = _specialist(name, target_vocab_size)
     return pool
+
+
+def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> Proposer:
+    from pathlib import Path
+
+    from actors.eagle import EagleProposer
+    from actors.eagle_head import eagle_dir, is_eagle_dir, load_eagle
+    from actors.models import default_device
+
+    path = Path(head_dir).expanduser() if head_dir else eagle_dir(target)
+    if head_dir and not is_eagle_dir(path):
+        raise InvalidRequestError("model", f"{head_dir!r} is not an eagle head directory (specfleet train-eagle --out)")
+    if not is_eagle_dir(path):
+        raise InvalidRequestError("drafters", f"'eagle' has no head for the target {target!r} on this machine ({path}): "
+                                              f"run `specfleet train-eagle --model {target}` (or `make eagle`)")
+    head = load_eagle(path, default_device())
+    vocab = int(head.base.embed_tokens.weight.shape[0])
+    if target_vocab_size is not None and vocab != target_vocab_size:
+        raise InvalidRequestError("drafters", f"the eagle head at {path} has a vocabulary of {vocab} tokens, "
+                                              f"the target {target_vocab_size}: train it again for this target")
+    return EagleProposer(head)
 
 
 def _specialist(name: str, target_vocab_size: int | None) -> Proposer:

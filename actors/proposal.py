@@ -68,3 +68,10 @@ class Proposer(Protocol):
 def is_model_free(drafter: object) -> bool:
     """Whether a drafter says it runs no model (drafts for free); one that does not say is a model."""
     return getattr(drafter, "model_free", False) is True
+
+
+def needs_features(drafter: object) -> bool:
+    """Whether a drafter reads the target's features (`needs_features = True`, actors/eagle.py): its
+    `propose` takes a fifth argument, the features of the committed positions it has not seen. Only
+    a drafter that says so gets them."""
+    return getattr(drafter, "needs_features", False) is True

@@ -57,36 +57,46 @@ class CoordinatorActor:
     def _housekeeping(self) -> None:
         if self._janitor is None:
             self._janitor = asyncio.get_running_loop().create_task(self._expire_forever())
-        if self.core.spec.shadows and (self._kinds is None or self._kinds.done()):
+        if self._kinds is None or self._kinds.done():
             if any(name not in self.kinds_known for name in self.core.drafters):
-                self._kinds = asyncio.get_running_loop().create_task(self._learn_model_free())
+                self._kinds = asyncio.get_running_loop().create_task(self._learn_kinds())
+
+    async def ready(self) -> dict:
+        """Every drafter's kind learned (model-free, reads features), then the stats: what starting
+        or growing the pool waits for, so that the first requests already get the target's features."""
+        if any(name not in self.kinds_known for name in self.core.drafters):
+            await self._learn_kinds()
+        return await self.stats()
 
     async def propose_batch(self, calls: list[DraftCall]) -> list[DraftRound]:
         """A batch iteration's rounds: each drafter asked once for every request that chose it or
         shadows it (`DrafterActor.propose_batch`), the drafters in parallel, each within the
         round's deadline; a drafter that fails or misses it costs those requests its draft."""
         self._housekeeping()
-        chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k) for c in calls]
+        chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k, c.features) for c in calls]
         asked: dict[str, list[tuple[int, bool]]] = {}  # drafter -> (call index, chosen there)
         for index, selection in enumerate(chosen):
             if selection is not None:
                 for arm in (selection.arm, *selection.shadows):
                     asked.setdefault(arm, []).append((index, arm == selection.arm))
         answers = await asyncio.gather(*(
-            self._draft_many(arm, [(calls[i].request_id, chosen[i].deltas[arm], calls[i].k, calls[i].sampling, is_chosen)
-                                   for i, is_chosen in entries])
+            self._draft_many(arm, [(calls[i].request_id, chosen[i].deltas[arm], calls[i].k, calls[i].sampling, is_chosen,
+                                    chosen[i].features.get(arm)) for i, is_chosen in entries])
             for arm, entries in asked.items()))
         drafts: list[dict[str, Proposal | None]] = [{} for _ in calls]
         for (arm, entries), proposals in zip(asked.items(), answers):
             for (index, _), proposal in zip(entries, proposals):
                 drafts[index][arm] = proposal
-        return [PLAIN_ROUND if selection is None else
+        wanted = self.core.wants_features
+        return [replace(PLAIN_ROUND, features_wanted=wanted) if selection is None else
                 DraftRound((drafts[i][selection.arm],),
-                           tuple(d for arm in selection.shadows if (d := drafts[i][arm]) is not None), self.core.spec.verify)
+                           tuple(d for arm in selection.shadows if (d := drafts[i][arm]) is not None), self.core.spec.verify,
+                           features_wanted=wanted)
                 for i, selection in enumerate(chosen)]
 
     async def _draft_many(self, arm: str, calls: list[tuple]) -> list[Proposal | None]:
-        """One drafter's proposals for (request_id, delta, k, sampling, chosen) calls: an empty one
+        """One drafter's proposals for (request_id, delta, k, sampling, chosen, features) calls (the
+        features go to a drafter that reads them, as propose's fifth argument): an empty one
         for a chosen drafter that is down, fails or misses the deadline (it is then marked down),
         None for a shadow's (its feedback is lost)."""
         from ray.exceptions import RayError
@@ -99,7 +109,8 @@ class CoordinatorActor:
         handle = self.core.drafters[arm]
         self.drafting[arm] = self.drafting.get(arm, 0) + 1
         try:
-            batch = handle.propose_batch.remote([call[:4] for call in calls])
+            feeds = arm in self.core.feature_arms
+            batch = handle.propose_batch.remote([(*call[:4], call[5]) if feeds else call[:4] for call in calls])
             proposals = await asyncio.wait_for(batch, self.draft_timeout_s)
         except (asyncio.TimeoutError, RayError) as err:
             if any(call[4] for call in calls):
@@ -109,27 +120,33 @@ class CoordinatorActor:
             self.drafting[arm] -= 1
         return [Coordinator.as_round(arm, proposal, call[2]) for proposal, call in zip(proposals, calls)]
 
-    async def _learn_model_free(self) -> None:
-        """In the background, ask each drafter not asked yet whether it is model-free (kinds never
-        change); until it answers, it drafts only when chosen."""
+    async def _learn_kinds(self) -> None:
+        """Ask each drafter not asked yet whether it is model-free and whether it reads the
+        target's features (kinds never change); until it answers, it drafts only when chosen,
+        without features."""
         unknown = [name for name in self.core.drafters if name not in self.kinds_known]
-        answers = await asyncio.gather(*(self._ask_model_free(self.core.drafters[n]) for n in unknown))
+        answers = await asyncio.gather(*(self._ask_kind(self.core.drafters[n]) for n in unknown))
         for name, answer in zip(unknown, answers):
-            if answer:
+            if answer is None or name not in self.core.drafters:
+                continue
+            model_free, features = answer
+            if model_free:
                 self.core.model_free.add(name)
-            if answer is not None:
-                self.kinds_known.add(name)
+            if features:
+                self.core.feature_arms.add(name)
+            self.kinds_known.add(name)
 
-    async def _ask_model_free(self, handle) -> bool | None:
-        """True or False, or None when the actor does not answer in time."""
+    async def _ask_kind(self, handle) -> tuple[bool, bool] | None:
+        """(model-free, reads features), or None when the actor does not answer in time."""
         try:
-            method = handle.model_free
-        except AttributeError:  # an actor that is not a DrafterActor: treat as a model drafter
-            return False
+            method = handle.kind
+        except AttributeError:  # an actor that is not a DrafterActor: treat as a model drafter without features
+            return False, False
         try:
-            return await asyncio.wait_for(method.remote(), self.draft_timeout_s) is True
+            answer = await asyncio.wait_for(method.remote(), self.draft_timeout_s)
         except Exception:  # noqa: BLE001 - dead, restarting or hung: ask again later
             return None
+        return answer.get("model_free") is True, answer.get("needs_features") is True
 
     def _mark_down(self, arm: str, handle, hung: bool) -> None:
         import ray
@@ -257,7 +274,9 @@ class RemoteCoordinator:
         import ray
 
         self.handle = handle
-        self.reward_kind = ray.get(handle.stats.remote())["reward"]
+        stats = ray.get(handle.stats.remote())
+        self.reward_kind = stats["reward"]
+        self.wants_features = bool(stats.get("features"))  # then the engine collects the target's features
         self.degraded: set[str] = set()  # requests finishing on plain decoding since a coordinator failure
         self._lock = threading.Lock()
         self._registration: tuple[str, dict] | None = None
@@ -285,6 +304,7 @@ class RemoteCoordinator:
             return rounds
         for i, round_ in zip(live, answered):
             rounds[i] = round_
+        self.wants_features = any(round_.features_wanted for round_ in answered)  # the pool grows and shrinks
         return rounds
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from actors.proposal import Proposal, is_model_free
+from actors.models import DEFAULT_MODEL
+from actors.proposal import Proposal, is_model_free, needs_features
 from actors.sampling import SamplingParams
 from cluster.local import NAMESPACE
 
@@ -34,7 +35,8 @@ def named_drafters() -> dict[str, object]:
 class DrafterSpec:
     name: str
     kind: str
-    model: str | None = None  # draft model for `hf` (and the hierarchy's last resort)
+    model: str | None = None  # draft model for `hf` (and the hierarchy's last resort); the head directory for `eagle`
+    target: str = DEFAULT_MODEL  # the target's name (an `eagle` head is trained for one target)
     num_layers: int | None = None
     dtype: str = "float32"
     num_gpus: float = 0.0
@@ -48,23 +50,26 @@ class DrafterActor:
         from actors.pool import build_drafters
 
         draft_model = None
-        if spec.model is not None:
+        if spec.model is not None and spec.kind != "eagle":
             draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
         self.spec = spec
-        self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size)[spec.kind]
+        eagle_head = spec.model if spec.kind == "eagle" else None  # an eagle drafter's `model` is its head directory
+        self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size, spec.target, eagle_head)[spec.kind]
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.proposer.propose(session, context_delta, k, sampling)
 
-    def propose_batch(self, calls: Sequence[tuple[str, Sequence[int], int, SamplingParams]]) -> list[Proposal]:
-        """`propose` for every (session, context_delta, k, sampling) of a batch iteration, in one call."""
+    def propose_batch(self, calls: Sequence[tuple]) -> list[Proposal]:
+        """`propose` for every (session, context_delta, k, sampling[, features]) of a batch iteration, in one call."""
         return [self.proposer.propose(*call) for call in calls]
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.proposer.release(session, context_delta)
 
-    def model_free(self) -> bool:
-        return is_model_free(self.proposer)
+    def kind(self) -> dict:
+        """What the coordinator asks once: whether it drafts without a model (then it can be a
+        shadow every round) and whether it reads the target's features."""
+        return {"model_free": is_model_free(self.proposer), "needs_features": needs_features(self.proposer)}
 
     def placement(self) -> dict:
         from cluster.placement import here

@@ -34,8 +34,8 @@ NOWHERE = {"node": None, "node_ip": None, "gpu": [], "device": None}  # placemen
 
 def _spec(config: ServiceConfig, drafter: DrafterConfig, gpus_in_cluster: float) -> DrafterSpec:
     num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, gpus_in_cluster)
-    return DrafterSpec(drafter.name, drafter.kind, drafter.model, drafter.num_layers, config.target.dtype,
-                       num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
+    return DrafterSpec(drafter.name, drafter.kind, drafter.model, config.target.model, drafter.num_layers,
+                       config.target.dtype, num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
 
 
 def pool_signature(config: ServiceConfig) -> dict:
@@ -95,7 +95,7 @@ def start_pool(config: ServiceConfig) -> None:
     built_for = {"signature": pool_signature(config), "drafters": {d.name: d.model_dump() for d in config.drafters}}
     coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s,
                                           request_ttl_s=config.request_ttl_s, verify=config.verify, built_for=built_for)
-    ray.get(coordinator.stats.remote())
+    ray.get(coordinator.ready.remote())  # every drafter's kind known before the first request
 
 
 def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
@@ -113,6 +113,7 @@ def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
     handle = start_drafter_actor(spec, model_vocab_size(config.target.model), strategy)
     placement = ray.get(handle.placement.remote())  # started and answering before it becomes an arm
     ray.get(coordinator.add_drafter.remote(spec.name, handle, drafter.model_dump()))
+    ray.get(coordinator.ready.remote())  # its kind known: a feature drafter gets features from the next requests on
     return placement
 
 

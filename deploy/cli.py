@@ -1,6 +1,7 @@
 """The `specfleet` command line: `generate` and `bench` (in-process engine), `serve` (Ray Serve),
 `drafters list|add|remove` (the running service's admin API), `status` (where everything runs),
-and `distill` / `specialists` (build task-specialist drafters; deploy/specialists/).
+`distill` / `specialists` (build task-specialist drafters; deploy/specialists/) and `train-eagle`
+(the eagle drafter's head for a target; deploy/specialists/eagle.py).
 
 Errors in user input print one line, `error: <flag or field>: <message>`, and exit with status 2
 (a bad flag, a bad config value named by the flag that sets it); a failure that is not the user's
@@ -27,7 +28,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="float32 (default; bit-exact greedy), bfloat16, float16")
     _pool_arg(parser)
     parser.add_argument("--drafters", default=None,
-                        help=f"comma list of ngram,suffix,hierarchy,hf,none,retrieval-<task>,distill-<task> "
+                        help=f"comma list of ngram,suffix,hierarchy,hf,eagle,none,retrieval-<task>,distill-<task> "
                              f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)})")
     parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
@@ -79,7 +80,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     verify = DEFAULT_VERIFY if args.no_spec else args.verify
     parse_policy(policy, parse_drafter_names(drafters), verify)  # a bad name fails before the model loads
     target, draft_model = _load(args)
-    engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size), policy=policy, k=args.k,
+    engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size, target.name), policy=policy, k=args.k,
                                verify=verify)
     result = engine.generate(prompt=args.prompt, messages=messages, sampling=sampling)
     if args.json:
@@ -190,6 +191,34 @@ def cmd_specialists(args: argparse.Namespace) -> int:
     print(json.dumps(manifest, indent=1))
     print(f"specialists under {specialists_root()}: built in {manifest['build_s']:.0f} s in all on this machine "
           f"({manifest['this_run_s']:.0f} s this run)", file=sys.stderr)
+    return 0
+
+
+def cmd_train_eagle(args: argparse.Namespace) -> int:
+    from actors.eagle_head import eagle_dir
+    from actors.models import load_causal_lm
+    from deploy.bench.prompts import load_prompts
+    from deploy.spec.target import TargetModel
+    from deploy.specialists.eagle import build_eagle
+    from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
+
+    tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
+    for task in tasks:
+        training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
+    if args.epochs < 1:
+        raise InvalidRequestError("epochs", f"must be at least 1, got {args.epochs}")
+    if args.documents < 0:
+        raise InvalidRequestError("documents", f"must be 0 or more, got {args.documents}")
+    for prompt_file in args.prompts or ():
+        load_prompts(prompt_file)  # a bad file is an error naming `prompts` before anything loads
+    target = TargetModel(load_causal_lm(args.model, dtype=args.dtype, device=args.device))
+    out = Path(args.out) if args.out else eagle_dir(args.model)
+    meta = build_eagle(target, tasks, out, epochs=args.epochs, documents=args.documents,
+                       prompt_files=[Path(p) for p in args.prompts or ()])
+    print(json.dumps(meta, indent=1))
+    print(f"eagle head for {args.model} at {out}: built in {meta['build_s']:.0f} s on this machine "
+          f"(target features {meta['features_s']:.0f} s, training {meta['train_s']:.0f} s; "
+          f"held-out top-1 agreement {meta['heldout_agreement']:.2f})", file=sys.stderr)
     return 0
 
 
@@ -326,6 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--epochs", type=int, default=8, help="training epochs of each distilled drafter")
     spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
     spec.set_defaults(func=cmd_specialists)
+
+    eagle = sub.add_parser("train-eagle", help="train the eagle drafter's head on the target's own features and answers")
+    eagle.add_argument("--model", default="smollm2-135m", help="the target (any Llama-shaped transformers model)")
+    eagle.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    eagle.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: CUDA when available)")
+    eagle.add_argument("--tasks", default=None, help="the training prompts' tasks, comma list (default: code,math,translation,chat,qa)")
+    eagle.add_argument("--epochs", type=int, default=10, help="training epochs over the corpus")
+    eagle.add_argument("--documents", type=int, default=160, help="document tasks the target writes itself (0: none)")
+    eagle.add_argument("--prompts", action="append", default=None,
+                       help="a JSONL prompt file (as the bench's) whose answers join the corpus, e.g. your own traffic; repeatable")
+    eagle.add_argument("--out", default=None, help="directory for the head (default: where `--drafters eagle` finds it)")
+    eagle.set_defaults(func=cmd_train_eagle)
 
     drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
     actions = drafters.add_subparsers(dest="action", required=True)

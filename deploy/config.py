@@ -39,7 +39,7 @@ class DrafterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     kind: str
-    model: str | None = None
+    model: str | None = None  # hf: the draft model; eagle: its head directory (default: the one trained for the target)
     num_layers: int | None = Field(default=None, ge=1)
     num_gpus: float | None = Field(default=None, ge=0)  # None: 1 when the cluster has GPUs (0 for `none`)
     num_cpus: float = Field(default=0.0, ge=0)

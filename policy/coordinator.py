@@ -24,6 +24,13 @@ draft in `propose`: the round names it in `deferred`, the caller sizes its draft
 drafts in hand, and `draft_deferred` drafts it (0 tokens: it sits the round out and later catches
 up). The coordinator never calls back into its caller.
 
+Drafters that read the target's features (`needs_features`: the `eagle` head, actors/eagle.py)
+get them the same way: while the pool has one (`wants_features`, which every round reports to
+the target as `features_wanted`), the target sends with each call the features of the positions
+it committed since (`DraftCall.features`), the coordinator keeps them per request, and such a
+drafter receives, beside its unseen tokens, the features it has not seen. Other drafters never
+see them.
+
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
 
@@ -37,11 +44,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposal, Proposer, is_model_free
+from actors.proposal import Proposal, Proposer, is_model_free, needs_features
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, TREE, parse_policy
@@ -73,6 +81,7 @@ class DraftRound:
     shadows: tuple[Proposal, ...] = ()  # drafted for counterfactual feedback only
     verify: str = DEFAULT_VERIFY  # how the engine verifies them (policy/registry.py VERIFY_MODES)
     deferred: tuple[str, ...] = ()  # chosen model drafters left for `draft_deferred`
+    features_wanted: bool = False  # the pool has a drafter that reads the target's features
 
     @property
     def tree(self) -> bool:
@@ -98,6 +107,7 @@ class DraftCall:
     k: int
     sampling: SamplingParams
     defer_models: bool = False
+    features: Any = None  # the target's features of the positions committed since its last call ([m, H] tensor)
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,7 @@ class Selection:
     arm: str  # drafts, and its draft is verified
     shadows: tuple[str, ...]  # draft for counterfactual feedback only
     deltas: dict[str, list[int]]  # per drafter asked, the committed tokens it has not seen
+    features: dict[str, Any] = field(default_factory=dict)  # per drafter asked that reads features, the chunks it has not seen
 
 
 @dataclass
@@ -112,8 +123,25 @@ class _Request:
     bandit: Bandit
     tokens: list[int] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)  # committed tokens each drafter has seen
-    deferred: dict[str, list[int]] = field(default_factory=dict)  # model drafters left for draft_deferred: their deltas
+    deferred: dict[str, tuple[list[int], Any]] = field(default_factory=dict)  # left for draft_deferred: their deltas
     last_call: float = field(default_factory=time.monotonic)
+    features: list = field(default_factory=list)  # the target's features as received, in chunks ([m, H] each)
+    features_received: int = 0
+    features_sent: dict[str, int] = field(default_factory=dict)  # features each feature drafter has seen
+
+    def unseen_features(self, arm: str) -> tuple | None:
+        """The features `arm` has not seen, as chunks in order (None when none), marked as seen."""
+        seen = self.features_sent.get(arm, 0)
+        if seen >= self.features_received:
+            return None
+        chunks, start = [], self.features_received
+        for chunk in reversed(self.features):
+            if start <= seen:
+                break
+            start -= len(chunk)
+            chunks.append(chunk[max(0, seen - start):])
+        self.features_sent[arm] = self.features_received
+        return tuple(chunks[::-1])
 
 
 @dataclass
@@ -136,6 +164,7 @@ class Coordinator:
         self.requests: dict[str, _Request] = {}
         self._rng = np.random.default_rng(seed)
         self.model_free = {name for name, d in self.drafters.items() if is_model_free(d)}
+        self.feature_arms = {name for name, d in self.drafters.items() if needs_features(d)}
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -150,8 +179,13 @@ class Coordinator:
     def verify(self) -> str:
         return self.spec.verify
 
+    @property
+    def wants_features(self) -> bool:
+        """Whether a drafter of the pool reads the target's features (then the target sends them)."""
+        return bool(self.feature_arms)
+
     def select(
-        self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int
+        self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int, features: Any = None
     ) -> Selection | None:
         """Record the committed tokens and the feedback, pick this round's drafters.
 
@@ -166,6 +200,9 @@ class Coordinator:
                 bandit = self.spec.make(self.global_stats, rng, self.model_free | {NO_DRAFT})
                 request = self.requests[request_id] = _Request(bandit)
             request.tokens.extend(int(t) for t in new_tokens)
+            if features is not None and len(features) and self.feature_arms:
+                request.features.append(features)
+                request.features_received += len(features)
             request.last_call = time.monotonic()
             if feedback is not None:
                 self._learn(request, feedback)
@@ -176,11 +213,13 @@ class Coordinator:
             if self.spec.shadows:
                 shadows = tuple(a for a in request.bandit.stats
                                 if (a in self.model_free or a == NO_DRAFT) and a != arm)
-            deltas = {}
+            deltas, unseen = {}, {}
             for asked in (arm, *shadows):
                 deltas[asked] = request.tokens[request.sent.get(asked, 0) :]
                 request.sent[asked] = len(request.tokens)
-            return Selection(arm, shadows, deltas)
+                if asked in self.feature_arms:
+                    unseen[asked] = request.unseen_features(asked)
+            return Selection(arm, shadows, deltas, unseen)
 
     @staticmethod
     def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
@@ -195,28 +234,33 @@ class Coordinator:
         k: int,
         sampling: SamplingParams,
         defer_models: bool = False,
+        features: Any = None,
     ) -> DraftRound:
         """The chosen drafter and the shadows draft (in this process one after the other; the Ray
         actor body drafts in parallel). `defer_models`: a chosen model drafter is left for
         `draft_deferred` (the round's `deferred`), so the caller can size its draft by the cheap
         drafts in hand."""
-        chosen = self.select(request_id, new_tokens, feedback, k)
+        chosen = self.select(request_id, new_tokens, feedback, k, features)
         if chosen is None:
-            return PLAIN_ROUND
-        if defer_models and chosen.arm not in self.model_free and chosen.arm != NO_DRAFT:
+            return replace(PLAIN_ROUND, features_wanted=self.wants_features)
+        arm = chosen.arm
+        if defer_models and arm not in self.model_free and arm != NO_DRAFT:
             with self._lock:
                 request = self.requests.get(request_id)
                 if request is not None:
-                    request.deferred[chosen.arm] = chosen.deltas[chosen.arm]
-            proposals, deferred = (), (chosen.arm,)
+                    request.deferred[arm] = (chosen.deltas[arm], chosen.features.get(arm))
+            proposals, deferred = (), (arm,)
         else:
-            proposals, deferred = (self._draft(chosen.arm, request_id, chosen.deltas[chosen.arm], k, sampling),), ()
-        shadows = tuple(self._draft(arm, request_id, chosen.deltas[arm], k, sampling) for arm in chosen.shadows)
-        return DraftRound(proposals, shadows, self.spec.verify, deferred)
+            proposals = (self._draft(arm, request_id, chosen.deltas[arm], k, sampling, chosen.features.get(arm)),)
+            deferred = ()
+        shadows = tuple(self._draft(a, request_id, chosen.deltas[a], k, sampling, chosen.features.get(a))
+                        for a in chosen.shadows)
+        return DraftRound(proposals, shadows, self.spec.verify, deferred, self.wants_features)
 
     def propose_batch(self, calls: Sequence[DraftCall]) -> list[DraftRound]:
         """Every request of a batch iteration in one call (in this process one after the other)."""
-        return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models) for c in calls]
+        return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models, c.features)
+                for c in calls]
 
     def draft_deferred(self, request_id: str, tokens: Mapping[str, int], sampling: SamplingParams) -> tuple[Proposal, ...]:
         """Draft the round's deferred model drafters, each asked for `tokens[arm]` tokens; an arm
@@ -225,22 +269,28 @@ class Coordinator:
             request = self.requests.get(request_id)
             deltas = {arm: request.deferred.pop(arm) for arm in tokens if arm in request.deferred} if request else {}
         drafts = []
-        for arm, delta in deltas.items():
+        for arm, (delta, features) in deltas.items():
             if tokens[arm] <= 0:
-                self._unsend(request_id, arm, delta)
+                self._unsend(request_id, arm, delta, features)
             else:
-                drafts.append(self._draft(arm, request_id, delta, tokens[arm], sampling))
+                drafts.append(self._draft(arm, request_id, delta, tokens[arm], sampling, features))
         return tuple(drafts)
 
-    def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
-        return self.as_round(arm, self.drafters[arm].propose(request_id, delta, k, sampling), k)
+    def _draft(self, arm: str, request_id: str, delta: Sequence[int], k: int, sampling: SamplingParams,
+               features: Any = None) -> Proposal:
+        drafter = self.drafters[arm]
+        if arm in self.feature_arms:
+            return self.as_round(arm, drafter.propose(request_id, delta, k, sampling, features), k)
+        return self.as_round(arm, drafter.propose(request_id, delta, k, sampling), k)
 
-    def _unsend(self, request_id: str, arm: str, delta: Sequence[int]) -> None:
-        """The arm sat the round out: the tokens `select` counted as sent to it were not."""
+    def _unsend(self, request_id: str, arm: str, delta: Sequence[int], features: Any = None) -> None:
+        """The arm sat the round out: the tokens (and features) `select` counted as sent to it were not."""
         with self._lock:
             request = self.requests.get(request_id)
             if request is not None and arm in request.sent:
                 request.sent[arm] -= len(delta)
+            if request is not None and features is not None and arm in request.features_sent:
+                request.features_sent[arm] -= sum(len(chunk) for chunk in features)
 
     def close(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> dict[str, list[int]]:
         """Learn the last round and forget the request. -> per drafter, the tokens it has not seen."""
@@ -276,6 +326,8 @@ class Coordinator:
             self.spec = spec
             if is_model_free(drafter):  # a Ray actor handle says so when asked (cluster/coordinator_actor.py)
                 self.model_free.add(name)
+            if needs_features(drafter):
+                self.feature_arms.add(name)
             self.drafter_stats.setdefault(name, DrafterStats())  # a drafter rejoining keeps its statistics
             if name in spec.arms:
                 self.global_stats.setdefault(name, ArmStats())
@@ -293,11 +345,13 @@ class Coordinator:
             drafter = self.drafters.pop(name)
             self.spec = spec
             self.model_free.discard(name)
+            self.feature_arms.discard(name)
             if not keep_stats:
                 self.drafter_stats.pop(name, None)
                 self.global_stats.pop(name, None)
             for request in self.requests.values():
                 request.sent.pop(name, None)
+                request.features_sent.pop(name, None)
                 if name in request.bandit.stats:
                     request.bandit.remove_arm(name)
             return drafter
@@ -324,6 +378,7 @@ class Coordinator:
                 "verify": self.spec.verify,
                 "reward": self.spec.reward,
                 "active_requests": len(self.requests),
+                "features": self.wants_features,
                 "drafters": {
                     name: {
                         "pulls": s.pulls,

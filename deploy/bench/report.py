@@ -63,6 +63,15 @@ def _aggregate(samples: Samples, baseline_tps: float | None, seconds: float | No
     }
 
 
+def acceptance_by_position(samples: Samples) -> list[float]:
+    """Of the rounds that drafted at least i tokens, the share whose first i were accepted, for i =
+    1, 2, ... (one drafter's chain drafts: its acceptance as papers report it, with `--no-cut` at the full k)."""
+    rounds = [(drafted, accepted) for _, x in samples for _, drafted, accepted in x.trace if drafted]
+    depth = max((drafted for drafted, _ in rounds), default=0)
+    return [round(sum(a >= i for d, a in rounds if d >= i) / sum(d >= i for d, _ in rounds), 3)
+            for i in range(1, depth + 1)]
+
+
 def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: dict | None,
             concurrency: int = 1, wall_s: float | None = None) -> dict:
     is_ar = ar_row is None
@@ -92,6 +101,8 @@ def run_row(name: str, samples: Samples, ar_ids: dict[str, list[int]], ar_row: d
         for drafter, stats in x.per_drafter.items():
             pulls[drafter] = pulls.get(drafter, 0) + stats["steps"]
     row["drafter_rounds"] = pulls
+    if name.startswith("single:") and (positions := acceptance_by_position(samples)):
+        row["acceptance_by_position"] = positions
     if name.startswith("policy:"):  # for its regret against each request's best fixed arm (deploy/bench/regret.py)
         row["prompt_rounds"] = {p.id: {d: stats["steps"] for d, stats in x.per_drafter.items()} for p, x in samples}
     rounds = sum(x.rounds for _, x in samples)
@@ -271,6 +282,14 @@ def render_table(report: dict) -> str:
                 cost = "" if s["draft_ms_per_token"] is None else f"{s['draft_ms_per_token']:.2f}"
                 lines.append(f"| {name} | {s['task']} | {s['tokens_per_forward']:.2f} | {s['best_other']} | "
                              f"{s['best_other_tokens_per_forward'] or 0:.2f} | {'yes' if s['beats_others'] else 'NO'} | {cost} |")
+    by_position = [r for r in runs if r.get("acceptance_by_position")]
+    if by_position:
+        depth = max(len(r["acceptance_by_position"]) for r in by_position)
+        lines += ["", "Acceptance by draft position (of the rounds that drafted at least i tokens, the share whose "
+                      "first i were accepted):", "", "| run | " + " | ".join(str(i) for i in range(1, depth + 1)) + " |",
+                  "|" + "---|" * (1 + depth)]
+        lines += [f"| {r['name']} | " + " | ".join(f"{v:.2f}" for v in r["acceptance_by_position"])
+                  + " |" * (depth - len(r["acceptance_by_position"])) + " |" for r in by_position]
     if summary.get("regret"):
         lines += ["", "Regret against each request's best fixed arm (an upper estimate: the best arm is picked on "
                       "the timings it is scored on):", "",

@@ -86,9 +86,9 @@ def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, 
         return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
-        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size), f"fixed:{name}", DEFAULT_VERIFY
+        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size, target.name), f"fixed:{name}", DEFAULT_VERIFY
     else:
-        pool = build_drafters(drafters, draft_model, target.vocab_size)
+        pool = build_drafters(drafters, draft_model, target.vocab_size, target.name)
         policy, verify = split_run_policy(run.removeprefix("policy:"))
     costs = None
     if device is not None:

@@ -121,7 +121,8 @@ class SpecfleetServer:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         target = TargetModel(load_causal_lm(self.config.target.model, dtype=self.config.target.dtype))
         if coordinator is None:
-            pool = {d.name: build_drafters([d.kind], None, target.vocab_size)[d.kind] for d in self.config.drafters}
+            pool = {d.name: build_drafters([d.kind], None, target.vocab_size, self.config.target.model,
+                                            d.model if d.kind == "eagle" else None)[d.kind] for d in self.config.drafters}
             coordinator = Coordinator(pool, self.config.policy, verify=self.config.verify)
         return SpeculativeEngine(target, coordinator=coordinator, k=self.config.k, max_padding=self.config.max_padding)
 

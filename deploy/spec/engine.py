@@ -15,7 +15,9 @@ scheduler, deploy/spec/scheduler.py, batches many), as named calls:
     verify   one target forward over every request's [last token, draft] (or its drafts' token
              tree), packed, on paged KV caches (`plan`, `TargetModel.forward_batch`); p computed
              once from each request's logits; `verify` / `verify_tree` accept losslessly
-             (`accept`); each cache keeps its accepted path only
+             (`accept`); each cache keeps its accepted path only; while the pool has a drafter
+             that reads the target's features (actors/eagle.py), the forward's features of
+             the prefill and of each accepted path are kept and ride on the next call
     learn    each verified draft's reward (computed here, where the timings are) and the
              shadows scored against the output as it is committed (deploy/spec/counterfactual.py)
              become the feedback that rides on the next coordinator call; the draft-length
@@ -144,6 +146,7 @@ class RequestState:
     rounds: list[RoundTrace] = field(default_factory=list)
     feedback: RoundFeedback | None = None  # rides on the next coordinator call
     finish: str | None = None
+    features: list[torch.Tensor] | None = None  # the target's features not yet sent (None: not collected)
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,8 @@ class SpeculativeEngine:
             draft_s = time.perf_counter() - start  # every request of the batch waited for the whole call
             plans = [self.plan(request, round_, padded=len(requests) == 1) for request, round_ in zip(requests, chosen)]
             start = time.perf_counter()
-            logits = self.target.forward_batch(self.kv, [plan.row for plan in plans])
+            logits = self.target.forward_batch(self.kv, [plan.row for plan in plans],
+                                               features=any(r.features is not None for r in requests))
             forward_s = time.perf_counter() - start
             pricing = self._batch_pricing(len(requests), sum(len(p.row.token_ids) for p in plans), forward_s) \
                 if batched else None
@@ -295,6 +299,8 @@ class SpeculativeEngine:
             for request, drafts, round_, plan, row_logits in zip(requests, drafted, chosen, plans, logits):
                 verify_s = pricing.verify_s(len(plan.row.token_ids) - 1) if pricing else forward_s
                 verdict = self.accept(request, round_, plan, row_logits, verify_s)
+                if request.features is not None:  # the accepted path's positions: a feature per emitted token
+                    request.features.append(plan.row.features[list(verdict.branch_rows)])
                 # a batch shares its coordinator call: each request is charged its share
                 request.feedback, reward = self.learn(request, drafts, round_, verdict,
                                                       draft_s / len(requests) if batched else draft_s, pricing)
@@ -375,24 +381,31 @@ class SpeculativeEngine:
         self.target.check_length(len(prompt_ids), sampling.max_tokens)
         with self._seed_lock:
             seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
-        cache = PagedSequence()
-        if prefill and len(prompt_ids) > 1:
-            self.prefill([(cache, prompt_ids[:-1])])
         cutting = self.cut_drafts and self.costs.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
-        return RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed), cache,
-                            CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting, tokens=list(prompt_ids))
+        request = RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed),
+                               PagedSequence(), CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting,
+                               tokens=list(prompt_ids),
+                               features=[] if getattr(self.coordinator, "wants_features", False) else None)
+        if prefill and len(prompt_ids) > 1:
+            self.prefill([(request, prompt_ids[:-1])])
+        return request
 
-    def prefill(self, chunks: Sequence[tuple[PagedSequence, Sequence[int]]]) -> None:
-        """Append prompt tokens to their caches in one batched forward (no logits needed)."""
+    def prefill(self, chunks: Sequence[tuple[RequestState, Sequence[int]]]) -> None:
+        """Append prompt tokens to their requests' caches in one batched forward (no logits needed;
+        the features, for the requests that collect them)."""
+        rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in chunks]
         with self._lock:
-            self.target.forward_batch(self.kv, [BatchRow(cache, tokens, logits_for=0) for cache, tokens in chunks])
+            self.target.forward_batch(self.kv, rows, features=any(r.features is not None for r, _ in chunks))
+        for (request, _), row in zip(chunks, rows):
+            if request.features is not None:
+                request.features.append(row.features)
 
     def draft_batch(self, requests: Sequence[RequestState]) -> list[Drafts]:
         """The coordinator's drafts for every request's round, in one call; a deferred model
         drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""
         calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback,
                            min(self.k, r.sampling.max_tokens - len(r.output) - 1),  # leaves room for the bonus
-                           r.sampling, r.cutting) for r in requests]
+                           r.sampling, r.cutting, self._unsent_features(r)) for r in requests]
         rounds = self.coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
@@ -407,6 +420,15 @@ class SpeculativeEngine:
             self._time_drafting(round_)
             drafts.append(Drafts(round_, drafting_s))
         return drafts
+
+    @staticmethod
+    def _unsent_features(request: RequestState) -> torch.Tensor | None:
+        """The request's features the coordinator has not had yet, [m, H] (None when not collected)."""
+        if not request.features:
+            return None
+        chunk = torch.cat(request.features) if len(request.features) > 1 else request.features[0]
+        request.features = []
+        return chunk
 
     def choose(self, round_: DraftRound, cutting: bool) -> DraftRound:
         """What to verify: each draft cut to the length worth verifying; in `tree` mode the best

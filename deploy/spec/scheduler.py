@@ -150,7 +150,7 @@ class BatchScheduler:
             rows.append((job, chunk))
             budget -= len(chunk)
         if rows:
-            self.engine.prefill([(job.request.cache, chunk) for job, chunk in rows])
+            self.engine.prefill([(job.request, chunk) for job, chunk in rows])
             for job, chunk in rows:
                 job.prefilled += len(chunk)
 

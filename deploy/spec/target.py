@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,15 +27,17 @@ from deploy.spec.draft_tree import attention_allowed, depths_of
 from deploy.spec.paged_kv import PagedBatch, PagedKV, PagedSequence, install_paged_attention
 
 
-@dataclass(frozen=True)
+@dataclass
 class BatchRow:
     """One request's part of a batched forward: `token_ids` appended to its paged `cache`, logits
-    for the first `logits_for` of them (None: all), a token tree when `parents` is given."""
+    for the first `logits_for` of them (None: all), a token tree when `parents` is given; its
+    positions' features after a forward that asked for them."""
 
     cache: PagedSequence
     token_ids: Sequence[int]
     logits_for: int | None = None
     parents: Sequence[int] | None = None
+    features: torch.Tensor | None = field(default=None, compare=False)  # set by forward_batch(features=True)
 
 
 class TargetModel:
@@ -134,11 +136,13 @@ class TargetModel:
         return PagedKV.for_model(self.model, blocks)
 
     @torch.inference_mode()
-    def forward_batch(self, kv: PagedKV, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+    def forward_batch(self, kv: PagedKV, rows: Sequence[BatchRow], features: bool = False) -> list[torch.Tensor]:
         """One forward over every row's new positions, packed into one sequence (no padding in the
         linear layers); each attends to its own request's cache and its own earlier (or ancestor)
         new positions only (deploy/spec/paged_kv.py). -> per row, the logits [logits_for, V]
-        (float32, CPU)."""
+        (float32, CPU). `features`: also set each row's `features`, the top-layer feature (the
+        post-norm last hidden state the output projection reads) of each of its new positions
+        ([n, H], float16, CPU: what an EAGLE head drafts from, actors/eagle.py)."""
         if not self._paged:
             install_paged_attention(self.model)
             self._paged = True
@@ -177,20 +181,25 @@ class TargetModel:
         batch = PagedBatch(q_index.to(self.device), k_index.to(self.device), mask.to(self.device),
                            torch.tensor(packed, device=self.device))
         kv.begin(torch.cat(writes))
-        try:
-            logits = self.model(
+        try:  # the causal LM's forward, split so that the hidden states are at hand
+            hidden = self.model.model(
                 input_ids=torch.tensor([ids], device=self.device), past_key_values=kv, use_cache=True,
-                attention_mask=batch.mask, position_ids=torch.tensor([positions], device=self.device),
-                logits_to_keep=torch.tensor(logit_rows or [0], device=self.device), paged=batch,
-            ).logits[0].float().cpu()
+                attention_mask=batch.mask, position_ids=torch.tensor([positions], device=self.device), paged=batch,
+            ).last_hidden_state[0]  # [T, H]
         finally:
             kv.end()
-        out, taken = [], 0
+        logits = self.model.get_output_embeddings()(hidden[torch.tensor(logit_rows or [0], device=self.device)])
+        logits = logits.float().cpu()
+        hidden = hidden.to(torch.float16).cpu() if features else None
+        out, taken, start = [], 0, 0
         for row in rows:
-            row.cache.length += len(row.token_ids)
-            wanted = len(row.token_ids) if row.logits_for is None else row.logits_for
+            n = len(row.token_ids)
+            row.cache.length += n
+            wanted = n if row.logits_for is None else row.logits_for
             out.append(logits[taken : taken + wanted])
-            taken += wanted
+            if hidden is not None:
+                row.features = hidden[start : start + n]
+            taken, start = taken + wanted, start + n
         return out
 
     def crop(self, cache: object, length: int) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from actors.distilled import ReducedHeadLM
 from deploy.specialists.corpus import Example
+from deploy.specialists.training import train as train_epochs
 
 IGNORE = -100
 
@@ -99,25 +100,15 @@ def distill(
     to_head[head_ids] = torch.arange(head_ids.shape[0])
     params = [p for p in model.parameters() if p.requires_grad]
     steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10) * (1 - step / total))
     model.train()
-    epoch_losses: list[float] = []
-    for epoch in range(epochs):
+
+    def epoch_batches():
         order = rng.sample(train, len(train))
-        losses = []
-        for i in range(0, len(order), batch_size):
-            loss, _, _ = _loss(model, _batch(order[i : i + batch_size], to_head, pad_id))
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-        epoch_losses.append(sum(losses) / len(losses))
-        if log:
-            log(f"epoch {epoch + 1}/{epochs}: loss {epoch_losses[-1]:.3f}")
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+    epoch_losses = train_epochs(params, epochs, steps_per_epoch, epoch_batches,
+                                lambda batch: _loss(model, _batch(batch, to_head, pad_id))[0], lr, warmup=10, log=log)
+    total = epochs * steps_per_epoch
     model.eval()
     with torch.no_grad():
         agree = counted = 0

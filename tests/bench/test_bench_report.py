@@ -34,6 +34,19 @@ def test_a_faster_run_reports_its_speedup_per_task_and_overall():
     assert row["mean_accepted_length"] == pytest.approx(10 / 6, abs=1e-3)
 
 
+def test_a_single_drafters_acceptance_by_position_counts_the_rounds_that_drafted_that_far():
+    from dataclasses import replace
+
+    traced = [(p, replace(x, trace=(("ngram", 3, 3), ("ngram", 3, 1), ("ngram", 1, 0), ("none", 0, 0))))
+              for p, x in samples({"c1": 1.0, "c2": 1.0, "t1": 1.0})]
+    row = run_row("single:ngram", traced, AR_IDS, ar_row())
+    # position 1: 2 of 3 rounds; position 2: 1 of 2; position 3: 1 of 2
+    assert row["acceptance_by_position"] == [0.667, 0.5, 0.5]
+    table = render_table({"runs": [ar_row(), row], "params": {"prompts": 3}})
+    assert "| single:ngram | 0.67 | 0.50 | 0.50 |" in table
+    assert "acceptance_by_position" not in run_row("policy:metasd-ucb", traced, AR_IDS, ar_row())
+
+
 def test_one_different_token_makes_a_run_lossy():
     wrong = dict(AR_IDS, t1=[7, 8, 9, 11])
     assert not run_row("single:ngram", samples({"c1": 1, "c2": 1, "t1": 1}, wrong), AR_IDS, ar_row())["lossless"]

@@ -2,6 +2,7 @@
 (peers included, their output checked against plain decoding) and charts,
 bad input exits 2 naming the field."""
 import json
+import os
 import subprocess
 import sys
 
@@ -42,6 +43,23 @@ def test_generate_rejects_bad_input_naming_the_field(args, field):
     done = run_cli("generate", *args)
     assert done.returncode == 2
     assert f"error: {field}:" in done.stderr
+
+
+@pytest.mark.parametrize("args, field", [(["--epochs", "0"], "epochs"), (["--tasks", "code,poetry"], "task"),
+                                         (["--documents", "-1"], "documents")])
+def test_train_eagle_rejects_bad_input_naming_the_field_before_loading_anything(args, field, tmp_path):
+    done = run_cli("train-eagle", "--out", str(tmp_path / "head"), *args)
+    assert done.returncode == 2 and f"error: {field}:" in done.stderr
+    assert not (tmp_path / "head").exists()
+
+
+def test_eagle_without_a_head_for_the_target_is_an_error_naming_drafters(tmp_path):
+    from actors.models import cache_root
+
+    (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted target, and no eagle head
+    done = subprocess.run([sys.executable, "-m", "deploy.cli", "generate", "--prompt", "hi", "--drafters", "ngram,eagle"],
+                          capture_output=True, text=True, timeout=600, env=os.environ | {"SPECFLEET_CACHE": str(tmp_path)})
+    assert done.returncode == 2 and "error: drafters:" in done.stderr and "train-eagle" in done.stderr
 
 
 def test_bench_writes_the_report_schema(tmp_path):

@@ -61,3 +61,38 @@ def test_one_batched_call_asks_each_drafter_once_for_all_its_requests(monkeypatc
     rounds = asyncio.run(batch("fixed:b", {"b": broken}))
     assert broken.batches == [["r0", "r1", "r2"]]
     assert all(r.proposals[0].drafter == "b" and not r.proposals[0].token_ids for r in rounds)  # plain steps
+
+
+class FakeFeatureHandle(FakeDrafterHandle):
+    """A feature drafter's actor handle: says so when asked (`kind`), and records each call's tuple."""
+
+    def __init__(self, proposer) -> None:
+        super().__init__(proposer)
+        self.kind, self.calls = self, []
+
+    def remote(self, calls=None):
+        if calls is None:  # handle.kind.remote()
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_result({"model_free": False, "needs_features": True})
+            return answer
+        self.calls += calls
+        return super().remote(calls)
+
+
+def test_the_actor_learns_which_drafters_read_features_and_sends_them_only_those(monkeypatch):
+    from tests.policy.test_coordinator import FeatureRecorder
+
+    monkeypatch.setattr(coordinator_module, "named_drafters", dict)
+    eagle, lookup = FakeFeatureHandle(FeatureRecorder("eagle")), FakeDrafterHandle(RecordingProposer("lookup"))
+
+    async def rounds(policy):
+        actor = CoordinatorActor({"eagle": eagle, "lookup": lookup}, policy=policy)
+        stats = await actor.ready()
+        answered = await actor.propose_batch([DraftCall("r", [1, 2, 3], None, 2, GREEDY, features=[0.5, 0.6])])
+        return stats, answered
+
+    stats, (draft_round,) = asyncio.run(rounds("fixed:eagle"))
+    assert stats["features"] is True and draft_round.features_wanted
+    assert eagle.calls[0][4] == ([0.5, 0.6],) and eagle.proposer.features["r"] == [0.5, 0.6]
+    asyncio.run(rounds("fixed:lookup"))
+    assert lookup.batches and lookup.proposer.seen["r"] == [1, 2, 3]  # asked with four arguments, as before

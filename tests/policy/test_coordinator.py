@@ -181,3 +181,51 @@ def test_without_deferral_a_model_drafter_drafts_k_tokens_in_the_same_call():
     draft_round = coordinator.propose("r", [1, 2, 3], None, 3, GREEDY)
     assert draft_round.deferred == () and [p.drafter for p in draft_round.proposals] == ["model"]
     assert draft_round.proposals[0].token_ids == (3, 3, 3)
+
+
+class FeatureRecorder(RecordingProposer):
+    """A drafter that reads the target's features: keeps them beside its tokens."""
+
+    needs_features = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.features: dict[str, list[float]] = {}
+
+    def propose(self, session, context_delta, k, sampling, features=None):
+        self.features.setdefault(session, []).extend(x for chunk in features or () for x in chunk)
+        return super().propose(session, context_delta, k, sampling)
+
+
+def test_a_feature_drafter_catches_up_on_exactly_the_features_it_missed_and_others_never_get_any():
+    eagle, lookup = FeatureRecorder("eagle"), RecordingProposer("lookup")  # lookup's propose takes no features
+    coordinator = Coordinator({"eagle": eagle, "lookup": lookup}, policy="random", seed=5)
+    assert coordinator.wants_features and coordinator.stats()["features"] is True
+    committed, features = [1, 2, 3], [10.0, 20.0]  # one feature per committed token but the last
+    new, new_features, chosen = list(committed), list(features), set()
+    for step in range(12):
+        draft_round = coordinator.propose("r", new, None, 2, GREEDY, features=new_features)
+        assert draft_round.features_wanted
+        (proposal,) = draft_round.proposals
+        chosen.add(proposal.drafter)
+        if proposal.drafter == "eagle":
+            assert eagle.seen["r"] == committed and eagle.features["r"] == features
+        new, new_features = [100 + step, 200 + step], [30.0 + step, 40.0 + step]
+        committed, features = committed + new, features + new_features
+    assert chosen == {"eagle", "lookup"}
+
+
+def test_a_deferred_feature_drafter_that_sits_out_gets_its_features_later():
+    lookup, eagle = RecordingProposer("lookup", model_free=True), FeatureRecorder("eagle")
+    coordinator = Coordinator({"lookup": lookup, "eagle": eagle}, policy="fixed:eagle", verify="counterfactual")
+    coordinator.propose("r", [1, 2, 3], None, 3, GREEDY, defer_models=True, features=[0.1, 0.2])
+    assert coordinator.draft_deferred("r", {"eagle": 0}, GREEDY) == ()  # sat out: nothing sent
+    coordinator.propose("r", [4], None, 3, GREEDY, defer_models=True, features=[0.3])
+    (proposal,) = coordinator.draft_deferred("r", {"eagle": 2}, GREEDY)
+    assert eagle.seen["r"] == [1, 2, 3, 4] and eagle.features["r"] == [0.1, 0.2, 0.3]
+
+
+def test_a_pool_without_a_feature_drafter_keeps_no_features_and_asks_for_none():
+    coordinator = Coordinator({"lookup": RecordingProposer("lookup")}, policy="fixed:lookup")
+    draft_round = coordinator.propose("r", [1, 2, 3], None, 2, GREEDY, features=[0.1, 0.2])
+    assert not draft_round.features_wanted and coordinator.requests["r"].features == []

@@ -88,3 +88,32 @@ def test_a_drafter_added_live_serves_as_an_arm_and_drains_out_on_removal(service
     assert "ngram-live" not in {d["name"] for d in listed["data"]}
     answers.append(ask(service))
     assert answers == [plain] * 4
+
+
+@pytest.fixture(scope="module")
+def eagle_head_dir(target, tmp_path_factory):
+    """An eagle head trained on the target's own answer to the prompt `ask` sends (a fresh directory:
+    the user's trained head, if any, is not touched)."""
+    from deploy.specialists.corpus import target_outputs
+    from deploy.specialists.eagle import train_eagle
+
+    head, report = train_eagle(target, target_outputs(target, CHAT_PROMPTS[:1], max_new_tokens=MAX_TOKENS),
+                               epochs=30, heldout=0.0)
+    out = tmp_path_factory.mktemp("eagle") / "head"
+    head.save(out, report.to_dict())
+    return str(out)
+
+
+def test_an_eagle_drafter_added_live_drafts_from_the_targets_features_sent_through_the_coordinator(
+        service, plain, eagle_head_dir):
+    status, placed = admin(service, "POST", "/drafters", {"name": "eagle", "kind": "eagle", "model": eagle_head_dir})
+    assert status == 201 and placed["kind"] == "eagle"
+    answers = [ask(service) for _ in range(4)]
+    _, listed = admin(service, "GET", "/drafters")
+    eagle = next(d for d in listed["data"] if d["name"] == "eagle")
+    # the head learnt this answer: its drafts are accepted only from features that line up with the tokens
+    assert eagle["pulls"] > 0 and eagle["acceptance"] > 0.5
+    status, _ = admin(service, "DELETE", "/drafters/eagle")
+    assert status == 200
+    answers.append(ask(service))
+    assert answers == [plain] * 5

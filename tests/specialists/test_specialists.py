@@ -191,7 +191,7 @@ def test_the_specialist_pool_joins_the_service_config_and_a_drafter_actor_builds
     config = ServiceConfig.model_validate(with_pool(args, "specialists"))
     assert [d.name for d in config.drafters] == ["ngram", "none", "suffix", "hierarchy", "retrieval-tiny"]
     actor = DrafterActor(DrafterSpec("retrieval-tiny", "retrieval-tiny"), target_vocab_size=100)
-    assert actor.model_free()
+    assert actor.kind() == {"model_free": True, "needs_features": False}
     assert actor.propose("r", [1, 6, 7], 2, GREEDY).token_ids == (8, 9)
 
 
