@@ -16,19 +16,17 @@ drafted.
 """
 from __future__ import annotations
 
-import secrets
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from actors.eagle_head import EagleHead
-from actors.hf import sparse_top
+from actors.hf import draft_position, drafting_generator
 from actors.kv_cache import crop_cache
 from actors.proposal import Proposal, SparseDist
-from actors.sampling import SamplingParams, warp_probs
+from actors.sampling import SamplingParams
 from actors.session import SessionStore
 
 
@@ -88,22 +86,15 @@ class EagleProposer:
         if k <= 0 or not self._catch_up(state, entry.tokens):
             return Proposal(drafter=self.name, draft_s=time.perf_counter() - start)
         if state.generator is None and not sampling.greedy:
-            seed = secrets.randbits(62) if sampling.seed is None else (sampling.seed ^ zlib.crc32(self.name.encode()))
-            state.generator = torch.Generator().manual_seed(seed)
-        feature, ids_of = state.last, self.head.head_ids
+            state.generator = drafting_generator(sampling, self.name)
+        feature, vocabulary = state.last, self.head.head_ids.cpu()
         draft: list[int] = []
         q: list[SparseDist] = []
         for j in range(k):
             logits = self.head.logits(feature).float().cpu()  # [V']
-            probs = warp_probs(logits, sampling)  # temperature 1 under greedy
-            top, q_probs = sparse_top(probs, self.q_top_n)
-            if sampling.greedy:
-                index = int(torch.argmax(logits))
-            else:
-                index = int(top[torch.multinomial(q_probs, 1, generator=state.generator)])
-            token = int(ids_of[index])
+            token, dist, _ = draft_position(logits, sampling, state.generator, self.q_top_n, vocabulary)
             draft.append(token)
-            q.append(SparseDist(tuple(ids_of[top].tolist()), tuple(q_probs.tolist())))
+            q.append(dist)
             if j < k - 1:
                 feature = self._step(state, [token], feature[None], state.paired + j)
         return Proposal(self.name, tuple(draft), tuple(q), time.perf_counter() - start)

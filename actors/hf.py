@@ -42,6 +42,27 @@ def sparse_top(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Ten
     return ids, values / values.sum()
 
 
+def drafting_generator(sampling: SamplingParams, drafter: str) -> torch.Generator:
+    """A sampled request's drafting randomness: from its seed (made distinct per drafter) when it has one."""
+    seed = secrets.randbits(62) if sampling.seed is None else (sampling.seed ^ zlib.crc32(drafter.encode()))
+    return torch.Generator().manual_seed(seed)
+
+
+def draft_position(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, top_n: int,
+                   vocabulary: torch.Tensor | None = None) -> tuple[int, SparseDist, float]:
+    """One drafted position from a model drafter's logits [V]: the token (the argmax under greedy,
+    else drawn from the top_n of the warped distribution, renormalised), the q it was drawn from
+    (under greedy the temperature-1 one, for the BD reward) and the warped probability of the
+    token. `vocabulary` maps the logits' indices to token ids (a reduced head's)."""
+    probs = warp_probs(logits, sampling)  # [V]; temperature 1 under greedy
+    ids, q_probs = sparse_top(probs, top_n)
+    index = int(torch.argmax(logits)) if sampling.greedy else int(ids[torch.multinomial(q_probs, 1, generator=generator)])
+    confidence = float(probs[index])
+    if vocabulary is not None:
+        index, ids = int(vocabulary[index]), vocabulary[ids]
+    return index, SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())), confidence
+
+
 class HFModelProposer:
     model_free = False
 
@@ -78,8 +99,7 @@ class HFModelProposer:
         if not tokens or k <= 0:
             return Proposal(drafter=self.name)
         if state.generator is None and not sampling.greedy:
-            seed = secrets.randbits(62) if sampling.seed is None else (sampling.seed ^ zlib.crc32(self.name.encode()))
-            state.generator = torch.Generator().manual_seed(seed)
+            state.generator = drafting_generator(sampling, self.name)
         keep = min(common_prefix_length(state.cached, tokens), len(tokens) - 1)
         crop_cache(state.cache, keep)
         del state.cached[keep:]
@@ -87,15 +107,10 @@ class HFModelProposer:
         draft: list[int] = []
         q: list[SparseDist] = []
         for j in range(k):
-            probs = warp_probs(logits, sampling)  # [V]; temperature 1 under greedy
-            ids, q_probs = sparse_top(probs, self.q_top_n)
-            if sampling.greedy:
-                token = int(torch.argmax(logits))
-            else:
-                token = int(ids[torch.multinomial(q_probs, 1, generator=state.generator)])
+            token, dist, confidence = draft_position(logits, sampling, state.generator, self.q_top_n)
             draft.append(token)
-            q.append(SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())))
-            if float(probs[token]) < self.min_confidence:
+            q.append(dist)
+            if confidence < self.min_confidence:
                 break
             if j < k - 1:
                 logits = self._forward(state, [token])
