@@ -60,12 +60,12 @@ cluster-deps:
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q \
 			openssh-server rsync netcat-openbsd; fi
 
-# the default comparison (docs/benchmarks.md): peers, single drafters, policies and the HTTP service
+# the default comparison (docs/benchmarks.md): peers, single drafters, policies (the default first) and the HTTP service
 # at concurrency 1/4/8 on the mixed set, then the task-switching set; JSON + Markdown + PNG charts
-BENCH_RUNS := ar,peer:*,single:*,policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson
+BENCH_RUNS := ar,peer:*,single:*,policy:metasd-ucb-cost-warm@tree,policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson
 bench: install
 	$(VENV)/bin/specfleet bench --prompts $(PROMPTS) --max-tokens 128 \
-		--runs '$(BENCH_RUNS),serve:metasd-ucb-cost' --concurrency 1,4,8 --out bench-out/mixed.json
+		--runs '$(BENCH_RUNS),serve:metasd-ucb-cost-warm@tree' --concurrency 1,4,8 --out bench-out/mixed.json
 	$(VENV)/bin/specfleet bench --prompts deploy/prompts/task_switch.jsonl --max-tokens 192 \
 		--runs '$(BENCH_RUNS),policy:sw-ucb' --trace-prompt switch-01 --out bench-out/task_switch.json
 

@@ -64,7 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from actors.pool import build_drafters, parse_drafter_names
     from actors.sampling import SamplingParams
     from deploy.spec.engine import SpeculativeEngine
-    from policy.registry import DEFAULT_VERIFY, parse_policy
+    from policy.registry import CHOSEN, parse_policy
 
     sampling = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -77,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as err:
             raise InvalidRequestError("messages", f"not valid JSON: {err}") from err
     drafters, policy = (NO_DRAFT, f"fixed:{NO_DRAFT}") if args.no_spec else (_drafter_names(args), args.policy)
-    verify = DEFAULT_VERIFY if args.no_spec else args.verify
+    verify = CHOSEN if args.no_spec else args.verify
     parse_policy(policy, parse_drafter_names(drafters), verify)  # a bad name fails before the model loads
     target, draft_model = _load(args)
     engine = SpeculativeEngine(target, build_drafters(drafters, draft_model, target.vocab_size, target.name), policy=policy, k=args.k,
@@ -284,10 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="raw completion prompt")
     source.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     _model_args(gen)
-    gen.add_argument("--policy", default=DEFAULT_POLICY, help="the bandit and its reward, e.g. metasd-ucb-cost, metasd-ucb-warm, fixed:ngram")
+    gen.add_argument("--policy", default=DEFAULT_POLICY, help=f"the bandit and its reward: {DEFAULT_POLICY} (default), metasd-ucb-cost, metasd-ucb, fixed:ngram, ...")
     gen.add_argument("--verify", default=DEFAULT_VERIFY, choices=VERIFY_MODES,
                      help="how a round's drafts are verified: the chosen draft (chosen), it with model-free shadows "
-                          "scored against the output (counterfactual), or the node-cut tree of every draft (tree)")
+                          "scored against the output (counterfactual), or the node-cut tree of every draft (tree, default)")
     gen.add_argument("--max-tokens", type=int, default=128, help="the most tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy; > 0 samples")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens with this much mass")

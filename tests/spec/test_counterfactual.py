@@ -111,7 +111,8 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     # the trace counts the shadow's drafting too: the slowest drafter, and the sum in-process drafting paid
     drafted = [r for r in result.rounds if r.drafted]
     assert all(r.drafter_s == 0.003 and r.drafting_sum_s == pytest.approx(0.005) for r in drafted)
-    assert all(r.parallel_draft_s == pytest.approx(0.003, abs=1e-3) for r in drafted)
+    # drafted in parallel: the call's own overhead (its wall time beyond the drafting summed) plus the slowest drafter
+    assert all(r.parallel_draft_s == pytest.approx(max(0.0, r.draft_s - 0.005) + 0.003) for r in drafted)
 
 
 class FixedCosts(ForwardCosts):
@@ -213,7 +214,7 @@ def test_a_counterfactual_warm_start_leans_harder_on_global_statistics_for_the_a
     assert {a: s.pulls for a, s in warm_cf.stats.items()} == {
         "ngram": PRIOR_WEIGHT, "distill-code": PRIOR_WEIGHT_PULLED, NO_DRAFT: PRIOR_WEIGHT}
     assert warm_cf.stats["distill-code"].mean == pytest.approx(0.1)
-    warm = parse_policy("metasd-ucb-cost-warm", arms).make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
+    warm = parse_policy("metasd-ucb-cost-warm", arms, "chosen").make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
     assert {s.pulls for s in warm.stats.values()} == {PRIOR_WEIGHT}
     cold = parse_policy("metasd-ucb-cost", arms, "counterfactual").make(prior, np.random.default_rng(0), {"ngram", NO_DRAFT})
     assert {s.pulls for s in cold.stats.values()} == {0}
