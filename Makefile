@@ -74,11 +74,17 @@ bench: install
 specialists: install
 	$(VENV)/bin/specfleet specialists
 
-# the eagle drafter's head for the embedded target (`--drafters ...,eagle`), trained on the target's own features
-# and its answers to deploy/prompts/train/*.jsonl (the specialists' corpora, built when missing), under
-# $$SPECFLEET_CACHE/eagle/ (not git); `specfleet train-eagle --model M --device cuda` for another target
+# the eagle drafter's EAGLE-3 head for the embedded target, rebuilt from its recipe (docs/benchmarks.md#the-eagle-drafter):
+# the corpus shards in deploy/specialists/data/ (the target's own answers; generated only where missing), then training
+# in runs of at most EAGLE_MINUTES (each stops with a checkpoint, exit 3, and the next resumes); the head replaces the one
+# shipped in actors/data/eagle/. `specfleet train-eagle --model M --device cuda` builds one for another target.
+EAGLE_SHARDS  := 0-9
+EAGLE_MINUTES := 25
+EAGLE_HEAD    := actors/data/eagle/smollm2-135m
 eagle: install
-	$(VENV)/bin/specfleet train-eagle
+	$(VENV)/bin/specfleet eagle-corpus --shards $(EAGLE_SHARDS)
+	until $(VENV)/bin/specfleet train-eagle --shards $(EAGLE_SHARDS) --out $(EAGLE_HEAD) --max-minutes $(EAGLE_MINUTES); do \
+		[ $$? = 3 ] || exit 1; done
 
 # the specialist pool on the mixed set (docs/benchmarks.md)
 SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-warm@counterfactual,policy:metasd-ucb-cost-warm@tree

@@ -137,3 +137,19 @@ def model_vocab_size(name_or_path: str) -> int:
     source, gguf_file = resolve_model_dir(name_or_path)
     config = AutoConfig.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
     return int(config.vocab_size)
+
+
+def load_embeddings(name_or_path: str) -> tuple[object, torch.Tensor]:
+    """A model's config and input embeddings [V, H] (float32, CPU), read alone from its safetensors
+    where it has them (an eagle head's drafter needs no more of its target), else from the whole model."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    source, gguf_file = resolve_model_dir(name_or_path)
+    for path in sorted(Path(source).glob("*.safetensors")) if not gguf_file and Path(source).is_dir() else ():
+        with safe_open(str(path), framework="pt") as tensors:
+            if "model.embed_tokens.weight" in tensors.keys():
+                return AutoConfig.from_pretrained(source), tensors.get_tensor("model.embed_tokens.weight").float()
+    loaded = load_causal_lm(name_or_path, device="cpu")
+    return loaded.model.config, loaded.model.get_input_embeddings().weight.detach().float()
+

@@ -68,8 +68,8 @@ def build_drafters(
     eagle_head: str | None = None,
 ) -> dict[str, Proposer]:
     """Fresh drafters (empty caches, no sessions), keyed by name. `target`: the target's name as
-    --model gives it; `eagle` loads the head trained for it (actors/eagle_head.eagle_dir), or the
-    head directory `eagle_head` when given."""
+    --model gives it; `eagle` loads the head built for it on this machine or shipped in the
+    repository (actors/eagle_head.find_head), or the head directory `eagle_head` when given."""
     pool: dict[str, Proposer] = {}
     for name in parse_drafter_names(names):
         if name == "ngram":
@@ -98,20 +98,23 @@ def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> 
     from pathlib import Path
 
     from actors.eagle import EagleProposer
-    from actors.eagle_head import eagle_dir, is_eagle_dir, load_eagle
-    from actors.models import default_device
+    from actors.eagle_head import find_head, is_head_dir, load_head
+    from actors.models import default_device, load_embeddings
 
-    path = Path(head_dir).expanduser() if head_dir else eagle_dir(target)
-    if head_dir and not is_eagle_dir(path):
+    path = Path(head_dir).expanduser() if head_dir else find_head(target)
+    if head_dir and not is_head_dir(path):
         raise InvalidRequestError("model", f"{head_dir!r} is not an eagle head directory (specfleet train-eagle --out)")
-    if not is_eagle_dir(path):
-        raise InvalidRequestError("drafters", f"'eagle' has no head for the target {target!r} on this machine ({path}): "
+    if path is None:
+        raise InvalidRequestError("drafters", f"'eagle' has no head for the target {target!r}: "
                                               f"run `specfleet train-eagle --model {target}` (or `make eagle`)")
-    head = load_eagle(path, default_device())
-    vocab = int(head.base.embed_tokens.weight.shape[0])
-    if target_vocab_size is not None and vocab != target_vocab_size:
-        raise InvalidRequestError("drafters", f"the eagle head at {path} has a vocabulary of {vocab} tokens, "
-                                              f"the target {target_vocab_size}: train it again for this target")
+    config, embeddings = load_embeddings(target)
+    if target_vocab_size is not None and embeddings.shape[0] != target_vocab_size:
+        raise InvalidRequestError("drafters", f"the target {target!r} has {embeddings.shape[0]} tokens, "
+                                              f"the engine's {target_vocab_size}")
+    try:
+        head = load_head(path, config, embeddings, default_device())
+    except ValueError as err:
+        raise InvalidRequestError("drafters", f"{err}: train it again for this target") from err
     return EagleProposer(head)
 
 

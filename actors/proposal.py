@@ -6,6 +6,11 @@ greedy drafting). Under sampling, q is exactly the distribution each token was s
 (zero outside `ids`); under greedy decoding verification ignores q, and a model drafter sends its
 temperature-1 distribution so the BD reward can compare it with the target's.
 
+A drafter that drafts a token tree (the eagle head, greedy) sends its most likely chain with the
+other root-to-leaf chains as `branches`; the engine verifies them as one tree (deploy/spec/draft_tree.py).
+`confidence` is the drafter's own probability of each token given the ones before it, which the
+engine calibrates against what the target accepts (deploy/spec/draft_length.py).
+
 A Proposer keeps one session per request. Each `propose` call carries `context_delta`: the
 committed tokens (prompt, then accepted output) the drafter has not seen yet for that session;
 its own earlier draft tokens are never committed unless the target accepted them, in which case
@@ -21,6 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from actors.sampling import SamplingParams
+
+
+BRANCH = "branch"  # the source of a draft tree's chains after its first (`Proposal.chains`)
 
 
 @dataclass(frozen=True)
@@ -39,16 +47,27 @@ class Proposal:
     draft_s: float = 0.0
     match_length: int = 0  # context tokens the draft's source matched (n-gram tail, datastore tail); 0 = unknown
     source: str = ""  # which of a composite drafter's sources drafted it ("" = the drafter itself)
+    confidence: tuple[float, ...] | None = None  # per token, the drafter's P(it is right | the tokens before it are)
+    branches: tuple["Proposal", ...] = ()  # a draft tree's other root-to-leaf chains (greedy only), more likely first
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):
             raise ValueError("q must have one distribution per drafted token")
+        if self.confidence is not None and len(self.confidence) != len(self.token_ids):
+            raise ValueError("confidence must have one value per drafted token")
 
     def cut(self, length: int) -> "Proposal":
         """The draft's first `length` tokens (with their q): itself a draft, so verifying it is lossless."""
         if length >= len(self.token_ids):
             return self
-        return replace(self, token_ids=self.token_ids[:length], q=None if self.q is None else self.q[:length])
+        return replace(self, token_ids=self.token_ids[:length], q=None if self.q is None else self.q[:length],
+                       confidence=None if self.confidence is None else self.confidence[:length])
+
+    def chains(self) -> tuple["Proposal", ...]:
+        """The draft as chains: itself, then each branch (the branches carry none of their own)."""
+        if not self.branches:
+            return (self,)
+        return (replace(self, branches=()), *(replace(b, source=BRANCH) for b in self.branches))
 
 
 @runtime_checkable

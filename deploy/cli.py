@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from actors.errors import InvalidRequestError
@@ -200,25 +201,57 @@ def cmd_train_eagle(args: argparse.Namespace) -> int:
     from deploy.bench.prompts import load_prompts
     from deploy.spec.target import TargetModel
     from deploy.specialists.eagle import build_eagle
-    from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
 
-    tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
-    for task in tasks:
-        training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
     if args.epochs < 1:
         raise InvalidRequestError("epochs", f"must be at least 1, got {args.epochs}")
-    if args.documents < 0:
-        raise InvalidRequestError("documents", f"must be 0 or more, got {args.documents}")
+    if args.vocabulary < 2:
+        raise InvalidRequestError("vocabulary", f"must be at least 2, got {args.vocabulary}")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        raise InvalidRequestError("max_minutes", f"must be positive, got {args.max_minutes}")
+    shards = _shard_list(args.shards) if args.shards else None
     for prompt_file in args.prompts or ():
         load_prompts(prompt_file)  # a bad file is an error naming `prompts` before anything loads
     target = TargetModel(load_causal_lm(args.model, dtype=args.dtype, device=args.device))
     out = Path(args.out) if args.out else eagle_dir(args.model)
-    meta = build_eagle(target, tasks, out, epochs=args.epochs, documents=args.documents,
-                       prompt_files=[Path(p) for p in args.prompts or ()])
-    print(json.dumps(meta, indent=1))
-    print(f"eagle head for {args.model} at {out}: built in {meta['build_s']:.0f} s on this machine "
-          f"(target features {meta['features_s']:.0f} s, training {meta['train_s']:.0f} s; "
-          f"held-out top-1 agreement {meta['heldout_agreement']:.2f})", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        manifest = build_eagle(target, out, shards, [Path(p) for p in args.prompts or ()],
+                               Path(args.corpus) if args.corpus else None, epochs=args.epochs, vocabulary=args.vocabulary,
+                               steps=args.steps, max_minutes=args.max_minutes)
+    except ValueError as err:
+        raise InvalidRequestError("corpus", str(err)) from err
+    if manifest is None:
+        print(f"stopped after {args.max_minutes} minutes with a checkpoint in {out}: run the same command again to resume",
+              file=sys.stderr)
+        return 3
+    print(json.dumps(manifest, indent=1))
+    print(f"eagle head for {args.model} at {out}: this run {time.perf_counter() - started:.0f} s "
+          f"(target features {manifest['features_s']:.0f} s, training {manifest['train_s']:.0f} s in all; "
+          f"held-out agreement by depth {manifest['heldout_agreement_by_depth']})", file=sys.stderr)
+    return 0
+
+
+def _shard_list(text: str) -> list[int]:
+    """'0-9' or '0,3,5' -> shard indices."""
+    try:
+        shards = sorted({i for part in text.split(",") for i in (
+            range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [int(part)])})
+    except ValueError as err:
+        raise InvalidRequestError("shards", f"a list such as 0-9 or 0,3,5, got {text!r}") from err
+    if not shards or shards[0] < 0:
+        raise InvalidRequestError("shards", f"needs shard indices of 0 or more, got {text!r}")
+    return shards
+
+
+def cmd_eagle_corpus(args: argparse.Namespace) -> int:
+    from actors.models import load_causal_lm
+    from deploy.spec.target import TargetModel
+    from deploy.specialists.eagle_corpus import CORPUS_DIR, MAX_NEW_TOKENS, build_shards
+
+    shards = _shard_list(args.shards)
+    target = TargetModel(load_causal_lm(args.model, dtype=args.dtype))
+    done = build_shards(target, shards, Path(args.out) if args.out else CORPUS_DIR, args.max_new_tokens or MAX_NEW_TOKENS)
+    print(json.dumps(done, indent=1))
     return 0
 
 
@@ -356,17 +389,29 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
     spec.set_defaults(func=cmd_specialists)
 
-    eagle = sub.add_parser("train-eagle", help="train the eagle drafter's head on the target's own features and answers")
+    eagle = sub.add_parser("train-eagle", help="train the eagle drafter's EAGLE-3 head on the target's own features and answers")
     eagle.add_argument("--model", default="smollm2-135m", help="the target (any Llama-shaped transformers model)")
     eagle.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
     eagle.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: CUDA when available)")
-    eagle.add_argument("--tasks", default=None, help="the training prompts' tasks, comma list (default: code,math,translation,chat,qa)")
-    eagle.add_argument("--epochs", type=int, default=10, help="training epochs over the corpus")
-    eagle.add_argument("--documents", type=int, default=160, help="document tasks the target writes itself (0: none)")
+    eagle.add_argument("--corpus", default=None, help="the corpus shards' directory (default: the embedded target's, in the repository)")
+    eagle.add_argument("--shards", default=None, help="which corpus shards, e.g. 0-9 (default: every shard there)")
     eagle.add_argument("--prompts", action="append", default=None,
                        help="a JSONL prompt file (as the bench's) whose answers join the corpus, e.g. your own traffic; repeatable")
-    eagle.add_argument("--out", default=None, help="directory for the head (default: where `--drafters eagle` finds it)")
+    eagle.add_argument("--epochs", type=int, default=2, help="training epochs over the corpus")
+    eagle.add_argument("--vocabulary", type=int, default=16384, help="the head's vocabulary: the most frequent answer tokens")
+    eagle.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
+    eagle.add_argument("--max-minutes", type=float, default=None,
+                       help="stop after this long with a checkpoint (exit 3); the same command resumes it")
+    eagle.add_argument("--out", default=None, help="directory for the head (default: where `--drafters eagle` looks first)")
     eagle.set_defaults(func=cmd_train_eagle)
+
+    corpus = sub.add_parser("eagle-corpus", help="generate shards of the eagle head's corpus: the target's answers to broad requests")
+    corpus.add_argument("--shards", default="0-9", help="which shards, e.g. 0-9 or 3,4 (present shard files are skipped)")
+    corpus.add_argument("--model", default="smollm2-135m", help="the target")
+    corpus.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    corpus.add_argument("--max-new-tokens", type=int, default=None, help="the longest answer (default 192)")
+    corpus.add_argument("--out", default=None, help="directory of the shards (default: the embedded target's, in the repository)")
+    corpus.set_defaults(func=cmd_eagle_corpus)
 
     drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
     actions = drafters.add_subparsers(dest="action", required=True)

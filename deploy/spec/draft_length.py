@@ -8,7 +8,9 @@ tokens are worth verifying only while their expected yield pays for the larger f
 drafted (a hierarchy's level, a retrieval drafter's datastore or the request's context) and the
 length of context it matched, its evidence (actors/proposal.py; 0 when a drafter does not say) —
 how often draft position i was reached (every earlier drafted token accepted) and accepted, over
-every verified draft.
+every verified draft. A draft that states its confidence per token (the eagle head's probability
+of each token given its parent) is rated by calibration instead: per drafter, how often its
+tokens of each confidence decile were accepted when reached, with the confidence as the prior.
 A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
 
     a_i = (accepted_i + PRIOR * WEIGHT) / (reached_i + WEIGHT)
@@ -39,6 +41,11 @@ from deploy.spec.draft_tree import ROOT, DraftTree
 PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
 WEIGHT = 2.0  # pseudo-counts behind PRIOR
 MAX_MATCH_KEY = 8  # longer matches share one row of statistics
+CONFIDENCE, CONFIDENCE_BINS = "confidence", 10  # a drafter's stated confidences, calibrated in 10 bins
+
+
+def _bin(confidence: float) -> int:
+    return min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
 
 
 class DraftLengths:
@@ -117,10 +124,22 @@ class DraftLengths:
             missed[parent] = still * (1.0 - acceptance[node])
         return tree, accepted
 
+    def _calibration(self, drafter: str) -> tuple[np.ndarray, np.ndarray]:
+        key = (drafter, CONFIDENCE, 0)
+        if key not in self._reached:
+            self._reached[key], self._accepted[key] = np.zeros(CONFIDENCE_BINS), np.zeros(CONFIDENCE_BINS)
+        return self._reached[key], self._accepted[key]
+
     def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
-        """a_i for the draft's positions 1..n: P(accepted | reached), with the prior."""
+        """a_i for the draft's positions 1..n: P(accepted | reached), with the prior. A draft that
+        states its confidence gets the acceptance its drafter's drafts of that confidence had
+        (the confidence itself is the prior)."""
         if not n:
             return []  # an empty draft (a plain step) needs no statistics row
+        if proposal.confidence is not None:
+            reached, accepted = self._calibration(proposal.drafter)
+            bins = [_bin(c) for c in proposal.confidence[:n]]
+            return [(float(accepted[b]) + c * WEIGHT) / (float(reached[b]) + WEIGHT) for b, c in zip(bins, proposal.confidence)]
         reached, accepted = self._rows(proposal)
         return [(float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT) for i in range(n)]
 
@@ -157,6 +176,12 @@ class DraftLengths:
         """A verified draft (as cut) had its first `accepted` tokens accepted."""
         drafted = min(len(proposal.token_ids), self.max_k)
         if not drafted:
+            return
+        if proposal.confidence is not None:
+            reached, accepted_counts = self._calibration(proposal.drafter)
+            for i, c in enumerate(proposal.confidence[: min(accepted + 1, drafted)]):
+                reached[_bin(c)] += 1
+                accepted_counts[_bin(c)] += i < accepted
             return
         reached, accepted_counts = self._rows(proposal)
         reached[: min(accepted + 1, drafted)] += 1

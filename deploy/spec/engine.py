@@ -49,7 +49,7 @@ import torch
 
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposal, Proposer
+from actors.proposal import BRANCH, Proposal, Proposer
 from actors.sampling import SamplingParams, warp_probs
 from deploy.spec.cost_model import MAX_PADDING, BatchCosts, ForwardCosts, max_positions
 from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
@@ -414,6 +414,8 @@ class SpeculativeEngine:
                 asked = {arm: min(call.k, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
                 extra = self.coordinator.draft_deferred(request.request_id, asked, request.sampling)
                 round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
+            if any(p.branches for p in round_.proposals):  # a draft tree's chains are verified together
+                round_ = replace(round_, proposals=tuple(c for p in round_.proposals for c in p.chains()))
             request.sent = len(request.tokens)
             drafting_s = sum(p.draft_s for p in round_.proposals + round_.shadows)  # measured here
             round_ = self.costs.priced_drafts(round_)
@@ -437,6 +439,10 @@ class SpeculativeEngine:
         drafts left out are the round's shadows (as cut)."""
         if not cutting:
             return round_
+        if not round_.tree and any(p.source == BRANCH for p in round_.proposals):  # a drafter's tree: cut node by node
+            lengths = self.draft_lengths.select_tree(round_.proposals)
+            return replace(round_, proposals=tuple(p.cut(n) for p, n in zip(round_.proposals, lengths) if n),
+                           shadows=tuple(map(self.draft_lengths.cut, round_.shadows)))
         cut = replace(round_, proposals=tuple(map(self.draft_lengths.cut, round_.proposals)),
                       shadows=tuple(map(self.draft_lengths.cut, round_.shadows)))
         if not round_.tree or not cut.shadows:
@@ -455,7 +461,7 @@ class SpeculativeEngine:
                                 key=lambda i: -rated[i][0])]
         lengths = dict(zip(order, self.draft_lengths.select_tree([whole[i] for i in order])))
         return replace(cut, proposals=tuple(whole[i].cut(lengths[i]) for i in order if lengths[i]),
-                       shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i)))
+                       shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i) and p.source != BRANCH))
 
     def plan(self, request: RequestState, chosen: DraftRound, padded: bool = True) -> ForwardPlan:
         """The round's part of a target forward: [last token, draft] (padded to a cheaper size
@@ -528,8 +534,12 @@ class SpeculativeEngine:
         # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
         overhead_s = max(0.0, draft_s - drafts.drafting_s)
         plain_step_s = pricing.plain_step_s if pricing else self.costs.plain_step_s
-        feedback = [self._feedback(p, outcome.accepted, outcome.overlaps, p.draft_s + overhead_s, priced_s, plain_step_s)
-                    for p, outcome in zip(chosen.proposals, verdict.outcomes)]
+        best = {}  # a draft tree's chains earn their drafter one reward: its longest accepted chain's
+        for p, outcome in zip(chosen.proposals, verdict.outcomes):
+            best[p.drafter] = max(best.get(p.drafter, 0), outcome.accepted)
+        feedback = [self._feedback(p, best[p.drafter] if p.source != BRANCH else outcome.accepted, outcome.overlaps,
+                                   p.draft_s + overhead_s, priced_s, plain_step_s)
+                    for p, outcome in zip(chosen.proposals, verdict.outcomes) if p.source != BRANCH]
         position = len(request.tokens)
         final = request.shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in chosen.shadows], position)
         p, rows = verdict.p, verdict.branch_rows
@@ -595,7 +605,7 @@ class SpeculativeEngine:
     def _time_drafting(self, draft_round: DraftRound) -> None:
         """Running mean of each drafter's drafting seconds per drafted token."""
         for proposal in draft_round.proposals + draft_round.shadows:
-            if proposal.token_ids:
+            if proposal.token_ids and proposal.source != BRANCH:  # a tree's drafting time rides on its first chain
                 per_token_s = proposal.draft_s / len(proposal.token_ids)
                 before = self.draft_s_per_token.get(proposal.drafter)
                 self.draft_s_per_token[proposal.drafter] = per_token_s if before is None else 0.9 * before + 0.1 * per_token_s

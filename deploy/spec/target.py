@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.eagle_head import feature_layers
 from actors.errors import InvalidRequestError
 from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
@@ -57,6 +58,7 @@ class TargetModel:
         self._batch_profiles: dict[tuple, list[float]] = {}  # batch_profile cache
         self._slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._paged = False  # paged attention installed (on the first batched forward)
+        self.feature_layers = feature_layers(int(self.model.config.num_hidden_layers))  # what an eagle head reads
 
     @property
     def name(self) -> str:
@@ -140,9 +142,10 @@ class TargetModel:
         """One forward over every row's new positions, packed into one sequence (no padding in the
         linear layers); each attends to its own request's cache and its own earlier (or ancestor)
         new positions only (deploy/spec/paged_kv.py). -> per row, the logits [logits_for, V]
-        (float32, CPU). `features`: also set each row's `features`, the top-layer feature (the
-        post-norm last hidden state the output projection reads) of each of its new positions
-        ([n, H], float16, CPU: what an EAGLE head drafts from, actors/eagle.py)."""
+        (float32, CPU). `features`: also set each row's `features`, the hidden states entering the
+        feature layers (actors/eagle_head.feature_layers: a low, a middle and a high layer),
+        concatenated, of each of its new positions ([n, 3H], float16, CPU: what an EAGLE-3 head
+        drafts from, actors/eagle.py)."""
         if not self._paged:
             install_paged_attention(self.model)
             self._paged = True
@@ -185,22 +188,29 @@ class TargetModel:
             hidden = self.model.model(
                 input_ids=torch.tensor([ids], device=self.device), past_key_values=kv, use_cache=True,
                 attention_mask=batch.mask, position_ids=torch.tensor([positions], device=self.device), paged=batch,
-            ).last_hidden_state[0]  # [T, H]
+                output_hidden_states=features,
+            )
         finally:
             kv.end()
+        fused = self.fused_features(hidden)[0].to(torch.float16).cpu() if features else None  # [T, 3H]
+        hidden = hidden.last_hidden_state[0]  # [T, H]
         logits = self.model.get_output_embeddings()(hidden[torch.tensor(logit_rows or [0], device=self.device)])
         logits = logits.float().cpu()
-        hidden = hidden.to(torch.float16).cpu() if features else None
         out, taken, start = [], 0, 0
         for row in rows:
             n = len(row.token_ids)
             row.cache.length += n
             wanted = n if row.logits_for is None else row.logits_for
             out.append(logits[taken : taken + wanted])
-            if hidden is not None:
-                row.features = hidden[start : start + n]
+            if fused is not None:
+                row.features = fused[start : start + n]
             taken, start = taken + wanted, start + n
         return out
+
+    def fused_features(self, outputs: object) -> torch.Tensor:
+        """A base-model forward's outputs (run with output_hidden_states) -> the hidden states entering
+        the feature layers, concatenated [B, T, 3H]."""
+        return torch.cat([outputs.hidden_states[i] for i in self.feature_layers], dim=-1)
 
     def crop(self, cache: object, length: int) -> None:
         crop_cache(cache, length)

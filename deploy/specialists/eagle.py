@@ -1,32 +1,36 @@
-"""Train an EAGLE-style head (actors/eagle_head.py) from the target itself: `specfleet train-eagle`.
+"""Train the EAGLE-3 head (actors/eagle_head.py) on the target's own answers: `specfleet train-eagle`, `make eagle`.
 
-`train_eagle(target, examples, ...)`:
-1. the head's vocabulary: the distinct tokens of the corpus's answers (and EOS), most frequent first;
-2. features: one target forward per batch of examples (prompt + the target's own greedy answer,
-   the specialists' corpus) gives every position's top-layer feature f_t (post-norm last
-   hidden state), kept in float16;
-3. training (AdamW, warm-up then linear decay): at every pair t the head sees (f_t + noise,
-   x_{t+1}) and predicts f_{t+1}; the loss is EAGLE's, a smooth-L1 regression on the feature
-   plus `CLS_WEIGHT` times the cross-entropy of its token distribution against the target's own
-   (both through the target's output rows over the head's vocabulary). The noise (Gaussian,
-   `noise` times the features' standard deviation) stands in for the head's own errors, and so
-   does unrolling (`UNROLL` steps, EAGLE-3's training-time test in short): step j reads, in
-   place of each target feature, the head's own prediction of it from step j - 1, as when it
-   drafts j tokens ahead.
-A share of the examples (`heldout`, a tenth by default) is held out: the report gives the first and last epochs' losses, the
-held-out top-1 agreement with the target at the answers' positions (the first drafted token,
-from true features, and the second, from the head's own first prediction) and the times of the
-feature pass and of training. `build_eagle` trains the generic
-head on the specialists' task corpora (the target's answers to deploy/prompts/train/) and saves it
-where the `eagle` drafter finds it (actors/eagle_head.eagle_dir).
+The recipe, in order:
+1. **Corpus.** The target's greedy answers to broad requests (deploy/specialists/eagle_corpus.py: shards of
+   token ids in the repository, less those sharing an 8-gram with an evaluation prompt), plus the
+   answers to a user's own prompt files.
+2. **Vocabulary.** The `vocabulary` most frequent answer tokens, EOS included. The report gives
+   their coverage of the answers.
+3. **Features.** One target forward per batch of sequences gives every position's fused feature
+   (the hidden states entering the feature layers, [3H]) and its post-norm last hidden state [H],
+   from which the target's distribution over the vocabulary is read. Both are kept in float16, in
+   a cache file per corpus shard, so a resumed build does not run the target again.
+4. **Training-time test** (EAGLE-3). Step 0 reads the target's true features. Step j reads, at each
+   pair, the head's own step j - 1 output of the pair before, with the true tokens. Its query at
+   position t attends to the true pairs up to t - j and to its own chain (the step-i pair at
+   t - j + i, i = 1..j), as when it drafts j + 1 tokens after the last verified one. The loss is
+   sum_j DECAY^j * cross-entropy(target's distribution over the vocabulary, head) at the
+   positions whose next-but-one token is an answer token in the vocabulary. There is no feature
+   regression.
+5. **Schedule and checkpoints.** AdamW with warm-up, then linear decay over `epochs`. A checkpoint
+   every `checkpoint_s` seconds holds the head, optimizer, step and data order, so a build split
+   into several runs of at most `max_minutes` each resumes where it stopped.
+6. **Manifest.** Held-out agreement with the target by depth (step j's top-1 equals the target's, at
+   answer positions of a tenth of the sequences held out), and counts and times.
 """
 from __future__ import annotations
 
 import math
 import random
+import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,50 +38,54 @@ import torch
 from actors.eagle_head import EagleHead
 from deploy.spec.target import TargetModel
 from deploy.specialists.corpus import Example
-from deploy.specialists.distill import head_vocabulary
-from deploy.specialists.training import train as train_epochs
 
-CLS_WEIGHT = 1.0  # the token loss's weight beside the feature regression (EAGLE's 0.1 measured worse here)
-UNROLL = 3  # drafting steps trained (step j reads the head's own step j - 1 predictions)
+VOCABULARY = 16384  # head vocabulary size (its coverage of the answers is reported)
+STEPS = 3  # training-time test: drafting steps unrolled
+DECAY = 0.8  # loss weight of step j: DECAY ** j (EAGLE-3's)
 FEATURE_BATCH_TOKENS = 4096  # padded positions per target forward of the feature pass
-TRAIN_BATCH_TOKENS = 1024  # padded positions per training step
+TRAIN_BATCH_TOKENS = 2048  # padded positions per training step
+LR = 1e-3
+HELDOUT = 0.05
 
 
 @dataclass(frozen=True)
-class EagleReport:
-    examples: int
-    positions: int
-    head_size: int
-    epochs: int
-    steps: int
-    first_epoch_loss: float
-    last_epoch_loss: float
-    heldout_agreement: float
-    heldout_agreement_second: float  # the second drafted token's, from the head's own first prediction
-    features_s: float
-    train_s: float
+class Sequence_:
+    """One example's token ids and the target's features at every position."""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class _Sequence:
     token_ids: torch.Tensor  # [L]
-    features: torch.Tensor  # [L, H] float16
+    fused: torch.Tensor  # [L, 3H] float16: hidden states entering the feature layers
+    last: torch.Tensor  # [L, H] float16: the post-norm last hidden state (the target's logits read it)
     first_output: int  # index of the first answer token
-    index: int = 0  # its example's index
 
 
-def _batches(items: Sequence[_Sequence], rng: random.Random | None, budget: int = TRAIN_BATCH_TOKENS) -> list[list[_Sequence]]:
-    """Sequences of similar length together, at most `budget` padded positions a batch (shuffled when rng)."""
-    ordered = sorted(items, key=lambda s: len(s.token_ids))
+def head_vocabulary(examples: Sequence[Example], eos_ids: Sequence[int], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
+    """`size` token ids: the answers' tokens, most frequent first, then the lowest ids not among them
+    (a byte-pair tokenizer numbers its merges in the order it learnt them, most frequent first); EOS
+    always in. -> (ids, their share of the answers' tokens). The head reads its tokens through the
+    target's frozen output rows, so a token the corpus never shows still gets the target's own row."""
+    counts: dict[int, int] = {}
+    for example in examples:
+        for token in example.output_ids:
+            counts[token] = counts.get(token, 0) + 1
+    eos = sorted(int(e) for e in eos_ids)
+    size = min(size, vocab_size)
+    chosen = [t for t in sorted(counts, key=lambda t: -counts[t]) if t not in eos][: size - len(eos)]
+    taken = set(chosen) | set(eos)
+    chosen += [t for t in range(vocab_size) if t not in taken][: size - len(eos) - len(chosen)]
+    total = sum(counts.values())
+    covered = sum(counts.get(t, 0) for t in chosen + eos)
+    return torch.tensor(chosen + eos, dtype=torch.long), covered / total if total else 0.0
+
+
+def _length_batches(lengths: Sequence[int], budget: int, rng: random.Random | None) -> list[list[int]]:
+    """Indices of similar length together, at most `budget` padded positions a batch (shuffled when rng)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current = [], []
-    for item in ordered:
-        if current and len(item.token_ids) * (len(current) + 1) > budget:
+    for i in order:
+        if current and lengths[i] * (len(current) + 1) > budget:
             batches.append(current)
             current = []
-        current.append(item)
+        current.append(i)
     if current:
         batches.append(current)
     if rng is not None:
@@ -86,151 +94,263 @@ def _batches(items: Sequence[_Sequence], rng: random.Random | None, budget: int 
 
 
 @torch.inference_mode()
-def target_features(target: TargetModel, examples: Sequence[Example], progress: bool = False) -> list[_Sequence]:
-    """Every position's top-layer feature of each example (prompt + answer), one forward a batch;
-    in the examples' order."""
+def target_features(target: TargetModel, examples: Sequence[Example], progress: bool = False) -> list[Sequence_]:
+    """Every position's fused feature and last hidden state, one target forward per batch; in the examples' order."""
     from tqdm import tqdm
 
     pad = min(target.eos_ids)
-    items = [_Sequence(torch.tensor(e.token_ids), torch.empty(0), len(e.prompt_ids), i) for i, e in enumerate(examples)]
-    out: list[_Sequence | None] = [None] * len(items)
-    for batch in tqdm(_batches(items, None, FEATURE_BATCH_TOKENS), desc="target features", disable=not progress):
-        width = max(len(s.token_ids) for s in batch)
+    out: list[Sequence_ | None] = [None] * len(examples)
+    lengths = [len(e.token_ids) for e in examples]
+    for batch in tqdm(_length_batches(lengths, FEATURE_BATCH_TOKENS, None), desc="target features", disable=not progress):
+        width = max(lengths[i] for i in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, s in enumerate(batch):
-            ids[row, : len(s.token_ids)], mask[row, : len(s.token_ids)] = s.token_ids, 1
-        hidden = target.model.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).last_hidden_state
-        for row, s in enumerate(batch):
-            out[s.index] = _Sequence(s.token_ids, hidden[row, : len(s.token_ids)].to(torch.float16).cpu(), s.first_output,
-                                     s.index)
+        for row, i in enumerate(batch):
+            ids[row, : lengths[i]], mask[row, : lengths[i]] = torch.tensor(examples[i].token_ids), 1
+        outputs = target.model.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                     output_hidden_states=True)
+        fused = target.fused_features(outputs).to(torch.float16).cpu()
+        last = outputs.last_hidden_state.to(torch.float16).cpu()
+        for row, i in enumerate(batch):
+            n = lengths[i]
+            out[i] = Sequence_(ids[row, :n].clone(), fused[row, :n].clone(), last[row, :n].clone(),
+                               len(examples[i].prompt_ids))
     return out
 
 
-def _pairs(batch: Sequence[_Sequence], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """-> next tokens [B, n], features [B, n, H], target features [B, n, H], mask [B, n], answer mask [B, n]
-    (right-padded; n = longest length - 1)."""
-    width = max(len(s.token_ids) for s in batch) - 1
-    hidden = batch[0].features.shape[1]
-    tokens = torch.zeros((len(batch), width), dtype=torch.long)
-    inputs = torch.zeros((len(batch), width, hidden))
-    targets = torch.zeros((len(batch), width, hidden))
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    answer = torch.zeros((len(batch), width), dtype=torch.bool)
-    for row, s in enumerate(batch):
-        n = len(s.token_ids) - 1
-        tokens[row, :n] = s.token_ids[1:]
-        inputs[row, :n] = s.features[:-1].float()
-        targets[row, :n] = s.features[1:].float()
-        mask[row, :n] = 1
-        answer[row, max(0, s.first_output - 1) : n] = True  # pairs whose prediction is an answer token's successor
-    return tuple(t.to(device) for t in (tokens, inputs, targets, mask, answer))
+def cached_features(target: TargetModel, examples: Sequence[Example], cache: Path | None,
+                    progress: bool = False) -> list[Sequence_]:
+    """target_features, kept in `cache` (a file) when given: a second build reads it back."""
+    if cache is not None and cache.is_file():
+        stored = torch.load(cache, weights_only=True)
+        if stored["count"] == len(examples):
+            return [Sequence_(t, f, l, o) for t, f, l, o in zip(stored["tokens"], stored["fused"], stored["last"],
+                                                                  stored["first"])]
+    sequences = target_features(target, examples, progress)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(".partial")
+        torch.save({"count": len(examples), "tokens": [s.token_ids for s in sequences], "fused": [s.fused for s in sequences],
+                    "last": [s.last for s in sequences], "first": [s.first_output for s in sequences]}, partial)
+        partial.replace(cache)
+    return sequences
 
 
-def _loss(head: EagleHead, batch: Sequence[_Sequence], noise_std: float, device: torch.device,
-          cls_weight: float = CLS_WEIGHT, unroll: int = 1) -> tuple[torch.Tensor, list[int], int]:
-    """-> (loss, per step: answer positions where the head's top token is the target's, answer positions).
-    Step 1 reads the target's features; step j > 1 reads the head's own predictions of step j - 1
-    (each pair's feature is then the head's prediction of it, as when it drafts j tokens ahead)."""
-    tokens, inputs, targets, mask, answer = _pairs(batch, device)
-    valid = mask.bool()
-    counted = answer[valid]
+@dataclass(frozen=True)
+class TrainBatch:
+    tokens: torch.Tensor  # [B, T]: the pair at t holds x_{t+1}
+    fused: torch.Tensor  # [B, T, 3H]: f_t
+    labels: torch.Tensor  # [B, T, H]: the last hidden state at t + 1 (its distribution predicts x_{t+2})
+    loss_mask: torch.Tensor  # [B, T] bool: x_{t+2} is an answer token in the vocabulary
+
+
+def make_batch(items: Sequence[Sequence_], in_vocabulary: torch.Tensor) -> TrainBatch:
+    """in_vocabulary [V] bool. Pairs t = 0 .. L - 3 of each sequence (x_{t+2} must exist), right-padded."""
+    width = max(len(s.token_ids) for s in items) - 2
+    b = len(items)
+    hidden, fused_width = items[0].last.shape[1], items[0].fused.shape[1]
+    tokens = torch.zeros((b, width), dtype=torch.long)
+    fused = torch.zeros((b, width, fused_width), dtype=torch.float16)
+    labels = torch.zeros((b, width, hidden), dtype=torch.float16)
+    loss_mask = torch.zeros((b, width), dtype=torch.bool)
+    for row, s in enumerate(items):
+        n = len(s.token_ids) - 2
+        tokens[row, :n] = s.token_ids[1 : n + 1]
+        fused[row, :n] = s.fused[:n]
+        labels[row, :n] = s.last[1 : n + 1]
+        answer = torch.arange(n) + 2 >= s.first_output
+        loss_mask[row, :n] = answer & in_vocabulary[s.token_ids[2 : n + 2]]
+    return TrainBatch(tokens, fused, labels, loss_mask)
+
+
+def _ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], step: int) -> torch.Tensor:
+    """Step `step`'s attention: q [B, h, T, d]; keys/values: steps 0..step, each [B, h, T, d].
+    Query t sees step 0's keys at s <= t - step and step i's key at t - step + i (i = 1..step)."""
+    t = q.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = [(q @ keys[0].transpose(-1, -2)) * scale]  # [B, h, T, T]
+    limit = (torch.arange(t)[:, None] - step).clamp(min=0)  # a query with no true prefix sees key 0 (not in the loss)
+    scores[0] = scores[0].masked_fill(torch.arange(t)[None, :] > limit, -math.inf)
+    shifted_values = []
+    for i in range(1, step + 1):
+        shift = step - i
+        k_i = torch.nn.functional.pad(keys[i], (0, 0, shift, 0))[:, :, :t]  # index t holds step i's key at t - shift
+        v_i = torch.nn.functional.pad(values[i], (0, 0, shift, 0))[:, :, :t]
+        scores.append(((q * k_i).sum(-1) * scale)[..., None])
+        shifted_values.append(v_i)
+    weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
+    out = weights[..., :t] @ values[0]
+    for i, v_i in enumerate(shifted_values):
+        out = out + weights[..., t + i : t + i + 1] * v_i
+    return out
+
+
+def ttt_loss(head: EagleHead, batch: TrainBatch, steps: int = STEPS) -> tuple[torch.Tensor, list[int], int]:
+    """-> (loss, per step: loss positions where the head's top token is the target's, loss positions)."""
+    device = head.fc.weight.device
+    tokens, mask = batch.tokens.to(device), batch.loss_mask.to(device)
+    positions = torch.arange(tokens.shape[1], device=device)[None].expand_as(tokens)
     with torch.no_grad():
-        target_probs = torch.softmax(head.logits(targets[valid]), dim=-1)
-        target_top = target_probs.argmax(-1)
-    if noise_std:
-        inputs = inputs + noise_std * torch.randn_like(inputs)
-    loss, agree = 0.0, []
-    for step in range(unroll):
-        predicted = head.features(tokens, inputs, attention_mask=mask)
-        regression = torch.nn.functional.smooth_l1_loss(predicted[valid], targets[valid])
-        logits = head.logits(predicted[valid])
-        token_loss = -(target_probs * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
-        loss = loss + regression + cls_weight * token_loss
-        agree.append(int(((logits.argmax(-1) == target_top) & counted).sum()))
-        # the next step's pair t reads the prediction of f_t made at pair t - 1 (pair 0 keeps the target's)
-        inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
-    return loss / unroll, agree, int(counted.sum())
+        p = torch.softmax(batch.labels.to(device)[mask].float() @ head.head_weight.T, dim=-1)  # [N, V']
+        target_top = p.argmax(-1)
+    g = head.fused(batch.fused.to(device).float())
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    loss, agree, total_weight = 0.0, [], 0.0
+    for step in range(steps):
+        x, q, k, v = head.qkv(tokens, g, positions)
+        keys.append(head.expand_kv(k))
+        values.append(head.expand_kv(v))
+        h = head.finish(x, _ttt_attention(q, keys, values, step))
+        logits = head.logits(h[mask])
+        weight = DECAY ** step
+        loss = loss + weight * -(p * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        total_weight += weight
+        agree.append(int((logits.argmax(-1) == target_top).sum()))
+        g = torch.cat([h[:, :1], h[:, :-1]], dim=1)  # step j + 1's pair t reads step j's output at t - 1
+    return loss / total_weight, agree, int(mask.sum())
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def train_eagle(
     target: TargetModel,
     examples: Sequence[Example],
-    epochs: int = 10,
-    lr: float = 3e-3,
-    noise: float = 0.2,
-    heldout: float = 0.1,
-    cls_weight: float = CLS_WEIGHT,
-    unroll: int = UNROLL,
+    out_dir: Path,
+    epochs: int = 2,
+    lr: float = LR,
+    vocabulary: int = VOCABULARY,
+    steps: int = STEPS,
     seed: int = 0,
+    heldout: float = HELDOUT,
+    feature_cache: Path | None = None,
+    max_minutes: float | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_s: float = 300.0,
+    recipe: dict | None = None,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
-) -> tuple[EagleHead, EagleReport]:
-    start = time.perf_counter()
+) -> dict | None:
+    """Train (or resume training) the head; save it with its manifest in `out_dir` when done.
+    -> the manifest, or None when `max_minutes` ran out first (the `checkpoint` file resumes it;
+    default: beside out_dir)."""
+    started = time.perf_counter()
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    examples = [e for e in examples if e.output_ids]
-    shuffled = rng.sample(examples, len(examples))
-    cut = max(1, int(len(shuffled) * heldout)) if heldout > 0 else 0
-    head_ids = head_vocabulary(shuffled[cut:], sorted(target.eos_ids))
-    sequences = target_features(target, shuffled, progress)
-    heldout, train = sequences[:cut], sequences[cut:]
-    features_s = time.perf_counter() - start
-    noise_std = noise * float(torch.cat([s.features[:64].float() for s in train[:64]]).std())
-    head = EagleHead.from_target(target.model, head_ids).to(target.device)
+    order = rng.sample(range(len(examples)), len(examples))
+    cut = max(1, int(len(order) * heldout)) if heldout > 0 else 0
+    heldout_ids, train_ids = order[:cut], order[cut:]
+    head_ids, coverage = head_vocabulary([examples[i] for i in train_ids], sorted(target.eos_ids), vocabulary,
+                                          target.vocab_size)
+    sequences = cached_features(target, examples, feature_cache, progress)
+    features_s = time.perf_counter() - started
+    in_vocabulary = torch.zeros(target.vocab_size, dtype=torch.bool)
+    in_vocabulary[head_ids] = True
+    head = EagleHead.from_target(target.model, head_ids)
     params = [p for p in head.parameters() if p.requires_grad]
-    steps_per_epoch = len(_batches(train, None))
-    train_start = time.perf_counter()
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    lengths = [len(sequences[i].token_ids) for i in train_ids]
+    per_epoch = len(_length_batches(lengths, TRAIN_BATCH_TOKENS, None))
+    total = max(1, epochs * per_epoch)
+    warmup = min(200, total // 10 + 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / total))
+    checkpoint = checkpoint or out_dir.parent / f".{out_dir.name}.checkpoint.pt"
+    state = {"step": 0, "losses": [], "train_s": 0.0}
+    if checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        state = saved["state"]
+        if log:
+            log(f"resumed at step {state['step']} of {total}")
+    plan = [batch for epoch in range(epochs) for batch in _length_batches(lengths, TRAIN_BATCH_TOKENS, random.Random(seed + epoch))]
     head.train()
-    epoch_losses = train_epochs(params, epochs, steps_per_epoch, lambda: _batches(train, rng),
-                                lambda batch: _loss(head, batch, noise_std, target.device, cls_weight, unroll)[0],
-                                lr, warmup=20, log=log)
-    total = epochs * steps_per_epoch
+    last_saved = run_start = time.perf_counter()
+    while state["step"] < total:
+        batch = make_batch([sequences[train_ids[i]] for i in plan[state["step"]]], in_vocabulary)
+        loss, _, _ = ttt_loss(head, batch, steps)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        state["step"] += 1
+        state["losses"].append(round(loss.item(), 4))
+        now = time.perf_counter()
+        if log and state["step"] % 50 == 0:
+            log(f"step {state['step']}/{total}: loss {sum(state['losses'][-50:]) / 50:.4f} "
+                f"({state['train_s'] + now - run_start:.0f} s training)")
+        out_of_time = max_minutes is not None and now - started > 60 * max_minutes
+        if now - last_saved > checkpoint_s or out_of_time:
+            state["train_s"] += now - run_start
+            run_start = last_saved = now
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                        "state": state}, checkpoint.with_suffix(".partial"))
+            checkpoint.with_suffix(".partial").replace(checkpoint)
+            if out_of_time:
+                return None
+    state["train_s"] += time.perf_counter() - run_start
     head.eval()
-    agree, counted = [0, 0], 0
-    with torch.no_grad():
-        for batch in _batches(heldout, None):
-            _, a, c = _loss(head, batch, 0.0, target.device, cls_weight, unroll=2)
-            agree, counted = [x + y for x, y in zip(agree, a)], counted + c
-    report = EagleReport(len(examples), sum(len(s.token_ids) for s in train), int(head_ids.shape[0]), epochs, total,
-                         epoch_losses[0] if epoch_losses else math.nan, epoch_losses[-1] if epoch_losses else math.nan,
-                         agree[0] / counted if counted else 0.0, agree[1] / counted if counted else 0.0, round(features_s, 1),
-                         round(time.perf_counter() - train_start, 1))
-    return head, report
+    agreement = heldout_agreement(head, [sequences[i] for i in heldout_ids], in_vocabulary, steps)
+    positions = sum(len(examples[i].token_ids) for i in train_ids)
+    per_epoch_losses = [sum(state["losses"][e * per_epoch : (e + 1) * per_epoch]) / per_epoch for e in range(epochs)]
+    manifest = {
+        "target": target.name, "recipe": (recipe or {}) | {"epochs": epochs, "lr": lr, "vocabulary": vocabulary,
+                                                           "ttt_steps": steps, "decay": DECAY, "batch_tokens": TRAIN_BATCH_TOKENS},
+        "seed": seed, "commit": git_commit(), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "examples": len(train_ids), "heldout_examples": len(heldout_ids), "positions": positions,
+        "vocabulary_coverage": round(coverage, 4), "epoch_losses": [round(x, 4) for x in per_epoch_losses],
+        "heldout_agreement_by_depth": [round(a, 4) for a in agreement], "steps": total,
+        "features_s": round(features_s, 1), "train_s": round(state["train_s"], 1),
+    }
+    head.save(out_dir, manifest)
+    checkpoint.unlink(missing_ok=True)
+    return manifest
 
 
-def build_eagle(target: TargetModel, tasks: Sequence[str], out_dir: Path, epochs: int = 10, max_new_tokens: int = 128,
-                documents: int = 160, prompt_files: Sequence[Path] = (), progress: bool = True) -> dict:
-    """The generic head for `target`, saved at `out_dir`, trained on: the specialists' task corpora
-    (the target's answers to deploy/prompts/train/<task>.jsonl, built and cached under
-    actors/specialists.specialists_root() when missing), `documents` document tasks the target
-    writes itself (deploy/specialists/documents.py; cached beside the head's directory), and the
-    target's answers to the prompts of `prompt_files` (a user's own traffic, JSONL as the bench's).
-    -> its meta (the report, the corpus time, what it was trained on, the target)."""
-    from actors.specialists import specialists_root
+@torch.no_grad()
+def heldout_agreement(head: EagleHead, sequences: Sequence[Sequence_], in_vocabulary: torch.Tensor,
+                      steps: int = STEPS) -> list[float]:
+    """Per drafting depth, the share of held-out answer positions where the head's top token is the target's."""
+    agree, counted = [0] * steps, 0
+    for batch in _length_batches([len(s.token_ids) for s in sequences], TRAIN_BATCH_TOKENS, None):
+        _, a, c = ttt_loss(head, make_batch([sequences[i] for i in batch], in_vocabulary), steps)
+        agree, counted = [x + y for x, y in zip(agree, a)], counted + c
+    return [a / counted if counted else 0.0 for a in agree]
+
+
+def build_eagle(target: TargetModel, out_dir: Path, shards: Sequence[int] | None = None, prompt_files: Sequence[Path] = (),
+                corpus_dir: Path | None = None, max_new_tokens: int = 192, epochs: int = 2, vocabulary: int = VOCABULARY,
+                steps: int = STEPS, lr: float = LR, max_minutes: float | None = None, progress: bool = True) -> dict | None:
+    """The head for `target` from the recipe: the corpus shards (all in `corpus_dir` by default), the
+    target's answers to `prompt_files`, features cached beside the checkpoint, training.
+    -> the manifest (the head is saved in `out_dir`), or None when `max_minutes` ran out (run it again to resume)."""
     from deploy.bench.prompts import load_prompts
-    from deploy.specialists.build import CORPUS_FILE, TRAIN_PROMPTS, corpus_for
-    from deploy.specialists.corpus import load_examples, save_examples, target_outputs
-    from deploy.specialists.documents import document_examples
+    from deploy.specialists.corpus import target_outputs
+    from deploy.specialists.eagle_corpus import CORPUS_DIR, load_corpus
 
     log = print if progress else None
-    started = time.perf_counter()
-    examples: list[Example] = []
-    for task in tasks:
-        examples += corpus_for(target, TRAIN_PROMPTS / f"{task}.jsonl", specialists_root() / task / CORPUS_FILE,
-                               max_new_tokens, progress)
-    if documents:
-        path = out_dir.parent / "corpora" / f"documents-{documents}.jsonl"
-        if not path.is_file():
-            save_examples(document_examples(target, documents, max_new_tokens, progress=progress), path)
-        examples += load_examples(path)
+    examples, corpus = load_corpus(target, corpus_dir or CORPUS_DIR, shards)
     for prompt_file in prompt_files:
         prompts = [p.messages if p.messages else [{"role": "user", "content": p.prompt}] for p in load_prompts(prompt_file)]
         examples += target_outputs(target, prompts, max_new_tokens, progress=progress)
-    corpus_s = time.perf_counter() - started
-    head, report = train_eagle(target, examples, epochs=epochs, log=log, progress=progress)
-    meta = report.to_dict() | {"target": target.name, "tasks": list(tasks), "documents": documents,
-                               "prompt_files": [str(p) for p in prompt_files], "corpus_s": round(corpus_s, 1),
-                               "build_s": round(time.perf_counter() - started, 1)}
-    head.save(out_dir, meta)
-    return meta
+    if not examples:
+        raise ValueError(f"no corpus: no shard in {corpus_dir or CORPUS_DIR} and no prompt file (specfleet eagle-corpus)")
+    from actors.eagle_head import eagle_dir
+    from actors.models import cache_root
+
+    recipe = {"corpus": corpus, "prompt_files": [str(p) for p in prompt_files]}
+    work = cache_root() / "eagle-work" / eagle_dir(target.name).name  # features and checkpoints: large, never in git
+    key = f"{len(examples)}-{corpus['positions']}-{len(prompt_files)}"
+    return train_eagle(target, examples, out_dir, epochs=epochs, lr=lr, vocabulary=vocabulary, steps=steps,
+                       feature_cache=work / f"features-{key}.pt", checkpoint=work / f"checkpoint-{key}-{epochs}-{vocabulary}-{steps}-{lr}.pt", max_minutes=max_minutes,
+                       recipe=recipe, log=log, progress=progress)
+

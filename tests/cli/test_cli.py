@@ -45,19 +45,27 @@ def test_generate_rejects_bad_input_naming_the_field(args, field):
     assert f"error: {field}:" in done.stderr
 
 
-@pytest.mark.parametrize("args, field", [(["--epochs", "0"], "epochs"), (["--tasks", "code,poetry"], "task"),
-                                         (["--documents", "-1"], "documents")])
+@pytest.mark.parametrize("args, field", [(["--epochs", "0"], "epochs"), (["--vocabulary", "1"], "vocabulary"),
+                                         (["--max-minutes", "0"], "max_minutes"), (["--shards", "a-b"], "shards")])
 def test_train_eagle_rejects_bad_input_naming_the_field_before_loading_anything(args, field, tmp_path):
     done = run_cli("train-eagle", "--out", str(tmp_path / "head"), *args)
     assert done.returncode == 2 and f"error: {field}:" in done.stderr
     assert not (tmp_path / "head").exists()
 
 
+def test_eagle_corpus_rejects_bad_shards_naming_the_field(tmp_path):
+    done = run_cli("eagle-corpus", "--shards", "3,x", "--out", str(tmp_path / "corpus"))
+    assert done.returncode == 2 and "error: shards:" in done.stderr and not (tmp_path / "corpus").exists()
+
+
 def test_eagle_without_a_head_for_the_target_is_an_error_naming_drafters(tmp_path):
     from actors.models import cache_root
 
-    (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted target, and no eagle head
-    done = subprocess.run([sys.executable, "-m", "deploy.cli", "generate", "--prompt", "hi", "--drafters", "ngram,eagle"],
+    (tmp_path / "models").symlink_to(cache_root() / "models")
+    other = tmp_path / "another-target"  # the embedded target under another name: no head is built or shipped for it
+    other.symlink_to(cache_root() / "models" / "smollm2-135m")
+    done = subprocess.run([sys.executable, "-m", "deploy.cli", "generate", "--prompt", "hi", "--drafters", "ngram,eagle",
+                           "--model", str(other)],
                           capture_output=True, text=True, timeout=600, env=os.environ | {"SPECFLEET_CACHE": str(tmp_path)})
     assert done.returncode == 2 and "error: drafters:" in done.stderr and "train-eagle" in done.stderr
 

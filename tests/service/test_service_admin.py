@@ -97,10 +97,9 @@ def eagle_head_dir(target, tmp_path_factory):
     from deploy.specialists.corpus import target_outputs
     from deploy.specialists.eagle import train_eagle
 
-    head, report = train_eagle(target, target_outputs(target, CHAT_PROMPTS[:1], max_new_tokens=MAX_TOKENS),
-                               epochs=30, heldout=0.0)
     out = tmp_path_factory.mktemp("eagle") / "head"
-    head.save(out, report.to_dict())
+    train_eagle(target, target_outputs(target, CHAT_PROMPTS[:1], max_new_tokens=MAX_TOKENS), out, epochs=40, lr=3e-3,
+                heldout=0.0)
     return str(out)
 
 

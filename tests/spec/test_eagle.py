@@ -1,11 +1,13 @@
-"""The eagle drafter on the real embedded target: the features it drafts from are the target's
-own, alone and in a batch with chunked prefills; its greedy output equals plain decoding (chain,
-tree, batched); its sampled drafts follow the q it sends; its head trains, saves and loads."""
+"""The eagle drafter (an EAGLE-3 head) on the real embedded target: training-time test attends as
+drafting does; the features it drafts from are the target's own fused hidden states, alone and in a
+batch with chunked prefills; its greedy output equals plain decoding (chain, tree, batched); its
+sampled drafts follow the q it sends; a head trains, saves and loads; a tiny head builds end to end
+from a generated corpus shard."""
 import pytest
 import torch
 
-from actors.eagle import EagleProposer
-from actors.eagle_head import load_eagle
+from actors.eagle import EagleProposer, causal_allowed
+from actors.eagle_head import EagleHead, load_head
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
@@ -13,11 +15,18 @@ from actors.sampling import SamplingParams
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.scheduler import BatchScheduler
 from deploy.specialists.corpus import target_outputs
-from deploy.specialists.eagle import train_eagle
+from deploy.specialists.eagle import _ttt_attention, train_eagle
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(max_tokens=32)
+
+
+def fused_features(target, tokens: list[int]) -> torch.Tensor:
+    """The target's own features of these tokens, as a plain forward computes them [n, 3H]."""
+    with torch.inference_mode():
+        outputs = target.model.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+    return target.fused_features(outputs)[0]
 
 
 class RecordingEagle(EagleProposer):
@@ -35,11 +44,13 @@ class RecordingEagle(EagleProposer):
 
 
 @pytest.fixture(scope="module")
-def trained(target):
-    """A head trained (no held-out share) on the target's own answers to the test prompts."""
-    examples = target_outputs(target, CHAT_PROMPTS, max_new_tokens=32)
-    head, report = train_eagle(target, examples, epochs=30, heldout=0.0)
-    return head.eval(), report
+def trained(target, tmp_path_factory):
+    """A head trained (no held-out share) on the target's own answers to the test prompts, loaded back."""
+    out = tmp_path_factory.mktemp("eagle") / "head"
+    manifest = train_eagle(target, target_outputs(target, CHAT_PROMPTS, max_new_tokens=32), out, epochs=40, lr=3e-3,
+                           heldout=0.0)
+    head = load_head(out, target.model.config, target.model.get_input_embeddings().weight)
+    return head, manifest, out
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +59,40 @@ def plain(target):
     return [engine.generate(messages=m, sampling=GREEDY) for m in CHAT_PROMPTS]
 
 
-def test_training_lowers_the_heads_loss(trained):
-    _, report = trained
-    assert report.last_epoch_loss < 0.5 * report.first_epoch_loss
-    assert report.head_size > 10 and report.train_s > 0
+def test_training_time_test_attends_as_drafting_does(target):
+    """Step j of training, at position t, computes what drafting computes j tokens after the verified pair t - j."""
+    torch.manual_seed(0)
+    head = EagleHead.from_target(target.model, torch.arange(100, 2100)).eval()
+    tokens, fused = torch.randint(100, 2000, (1, 12)), torch.randn(1, 12, 3 * 576)
+    positions = torch.arange(12)[None]
+    with torch.no_grad():
+        g, keys, values, trained_outputs = head.fused(fused), [], [], []
+        inputs = g
+        for step in range(3):
+            x, q, k, v = head.qkv(tokens, inputs, positions)
+            keys.append(head.expand_kv(k))
+            values.append(head.expand_kv(v))
+            trained_outputs.append(head.finish(x, _ttt_attention(q, keys, values, step)))
+            inputs = torch.cat([trained_outputs[-1][:, :1], trained_outputs[-1][:, :-1]], dim=1)
+        verified = 8
+        out, k_cache, v_cache = head.step(tokens[:, :verified], g[:, :verified], positions[:, :verified], head.empty_kv(),
+                                          head.empty_kv(), causal_allowed(0, verified))
+        assert torch.allclose(out[0], trained_outputs[0][0, :verified], atol=1e-3)
+        h = out[:, -1:]
+        for j in (1, 2):
+            at = verified - 1 + j
+            h, k_cache, v_cache = head.step(tokens[:, at : at + 1], h, positions[:, at : at + 1], k_cache, v_cache,
+                                            torch.ones(1, 1, k_cache.shape[2] + 1, dtype=torch.bool))
+            assert torch.allclose(h[0, 0], trained_outputs[j][0, at], atol=1e-3)
+        # a broken training attention (a drafted step seeing later true pairs) does not match
+        assert not torch.allclose(trained_outputs[1][0, verified], trained_outputs[0][0, verified], atol=1e-3)
+
+
+def test_training_lowers_the_heads_loss_and_the_manifest_says_what_was_built(trained):
+    _, manifest, out = trained
+    assert manifest["epoch_losses"][-1] < 0.5 * manifest["epoch_losses"][0]
+    assert manifest["recipe"]["ttt_steps"] == 3 and manifest["examples"] == len(CHAT_PROMPTS)
+    assert (out / "eagle.safetensors").stat().st_size < 25e6 and not (out.parent / ".head.checkpoint.pt").exists()
 
 
 def test_the_eagle_drafter_reproduces_plain_greedy_decoding_and_its_drafts_are_accepted(target, trained, plain):
@@ -75,10 +116,8 @@ def test_the_features_a_session_receives_are_the_targets_own_hidden_states_in_a_
     assert len(drafter.seen) == len(CHAT_PROMPTS)
     for tokens, chunks in drafter.seen.values():
         features = torch.cat(chunks).float()
-        assert features.shape[0] == len(tokens) - 1  # one per committed token but the last
-        with torch.inference_mode():
-            expected = target.model.model(input_ids=torch.tensor([tokens[:-1]])).last_hidden_state[0]
-        assert torch.allclose(features, expected, atol=0.05, rtol=0.01)
+        assert features.shape == (len(tokens) - 1, 3 * 576)  # one per committed token but the last
+        assert torch.allclose(features, fused_features(target, tokens[:-1]), atol=0.05, rtol=0.01)
     assert all(r.finish_reason in ("stop", "length") for r in results)
 
 
@@ -93,10 +132,8 @@ def test_eagle_beside_lookup_drafters_reproduces_plain_greedy_decoding(target, t
 def test_sampled_drafts_follow_the_q_the_drafter_sends(target, trained):
     drafter = EagleProposer(trained[0], q_top_n=8)
     prompt = target.encode(messages=CHAT_PROMPTS[1])
-    with torch.inference_mode():
-        features = target.model.model(input_ids=torch.tensor([prompt[:-1]])).last_hidden_state[0]
     sampling = SamplingParams(temperature=0.7, top_k=8, seed=3)
-    first = drafter.propose("r", prompt, 1, sampling, features)
+    first = drafter.propose("r", prompt, 1, sampling, fused_features(target, prompt[:-1]))
     q = dict(zip(first.q[0].ids, first.q[0].probs))
     counts = dict.fromkeys(q, 0)
     draws = 4000
@@ -107,14 +144,12 @@ def test_sampled_drafts_follow_the_q_the_drafter_sends(target, trained):
     assert sum(q.values()) == pytest.approx(1.0, abs=1e-5) and len(q) <= 8
 
 
-def test_a_head_saved_and_loaded_drafts_the_same_tokens(target, trained, tmp_path):
-    head, report = trained
-    head.save(tmp_path / "head", report.to_dict())
-    loaded = load_eagle(tmp_path / "head")
+def test_a_head_loaded_as_the_pool_loads_it_drafts_the_same_tokens(target, trained):
+    head, _, out = trained
+    pooled = build_drafters(["eagle"], target="smollm2-135m", eagle_head=str(out))["eagle"]
     prompt = target.encode(messages=CHAT_PROMPTS[0])
-    with torch.inference_mode():
-        features = target.model.model(input_ids=torch.tensor([prompt[:-1]])).last_hidden_state[0]
-    drafts = [EagleProposer(h).propose("r", prompt, 5, GREEDY, features).token_ids for h in (head, loaded)]
+    features = fused_features(target, prompt[:-1])
+    drafts = [d.propose("r", prompt, 5, GREEDY, features).token_ids for d in (EagleProposer(head), pooled)]
     assert drafts[0] == drafts[1] and len(drafts[0]) == 5
 
 
@@ -123,8 +158,8 @@ def test_a_session_without_its_features_drafts_nothing(target, trained):
     assert drafter.propose("r", target.encode(messages=CHAT_PROMPTS[0]), 5, GREEDY).token_ids == ()
 
 
-def test_eagle_without_a_trained_head_is_refused_naming_drafters_and_the_command(monkeypatch, tmp_path):
+def test_eagle_for_a_target_without_a_head_is_refused_naming_drafters_and_the_command(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
     with pytest.raises(InvalidRequestError) as err:
-        build_drafters(["eagle"], target="smollm2-135m")
+        build_drafters(["eagle"], target="another-target")
     assert err.value.field == "drafters" and "train-eagle" in str(err.value)
