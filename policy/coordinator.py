@@ -91,7 +91,7 @@ class DraftRound:
     @property
     def label(self) -> str:
         """The round's name in traces and metrics: its drafters, sorted, joined by '+'."""
-        return "+".join(sorted(p.drafter for p in self.proposals)) or NO_DRAFT
+        return "+".join(sorted({p.drafter for p in self.proposals})) or NO_DRAFT
 
 
 PLAIN_ROUND = DraftRound()
