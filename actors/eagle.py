@@ -16,8 +16,15 @@ earlier features it never received.
 
 - Greedy drafting takes the head's argmax and sends its temperature-1 distribution (top
   `q_top_n`, for the BD reward).
+- Greedy drafting with k > 1 sends EAGLE-2's dynamic tree (`_tree`): the most likely nodes by the
+  head's cumulative probability, as chains, each token with its probability as `confidence`.
 - Sampled drafting draws from the top `q_top_n` of its warped distribution, renormalised, and sends
-  exactly that q, so verification stays lossless.
+  exactly that q, so verification stays lossless. With k > 1 it sends `sampled_chains` chains drawn
+  independently (`_sampled_chains`, SpecInfer's i.i.d. candidates): the drafts that continue from
+  any tree node are independent draws from the head's q given that node, which is what the
+  tree's recursive rejection needs (a repeated token, once rejected, has no residual left). They
+  carry no confidence, so how many of their nodes get verified never depends on the drawn tokens'
+  probabilities.
 Tokens outside the head's vocabulary are never drafted.
 """
 from __future__ import annotations
@@ -36,6 +43,7 @@ from actors.session import SessionStore
 
 TREE_WIDTH = 4  # EAGLE-2's top-k: nodes expanded per depth, children proposed per node
 TREE_NODES = 24  # the most nodes a tree sends
+SAMPLED_CHAINS = 2  # independent chains a sampled request's draft holds
 
 
 @dataclass
@@ -87,11 +95,12 @@ class EagleProposer:
     needs_features = True
 
     def __init__(self, head: EagleHead, name: str = "eagle", q_top_n: int = 64, tree_width: int = TREE_WIDTH,
-                 tree_nodes: int = TREE_NODES) -> None:
+                 tree_nodes: int = TREE_NODES, sampled_chains: int = SAMPLED_CHAINS) -> None:
         """tree_width: candidates kept per depth (0: greedy requests draft a chain too); tree_nodes: the most
-        nodes a tree sends (the engine verifies the ones worth it)."""
+        nodes a tree sends (the engine verifies the ones worth it); sampled_chains: independent chains of a
+        sampled draft (1: a chain)."""
         self.name, self.head, self.q_top_n = name, head, q_top_n
-        self.tree_width, self.tree_nodes = tree_width, tree_nodes
+        self.tree_width, self.tree_nodes, self.sampled_chains = tree_width, tree_nodes, sampled_chains
         self.device = head.fc.weight.device
         self.sessions = SessionStore()
 
@@ -129,6 +138,8 @@ class EagleProposer:
             return self._tree(state, k, start)
         if state.generator is None and not sampling.greedy:
             state.generator = drafting_generator(sampling, self.name)
+        if not sampling.greedy and self.sampled_chains > 1 and k > 1:
+            return self._sampled_chains(state, k, sampling, start)
         h, keys, values = state.last, state.keys, state.values
         vocabulary = self.head.head_ids.cpu()
         draft: list[int] = []
@@ -195,6 +206,37 @@ class EagleProposer:
         proposals = [Proposal(self.name, tuple(nodes[i].token for i in path), tuple(nodes[i].dist for i in path), draft_s,
                               confidence=tuple(nodes[i].prob for i in path)) for path in chains]
         return replace(proposals[0], branches=tuple(replace(p, draft_s=0.0) for p in proposals[1:]))
+
+    def _sampled_chains(self, state: _EagleState, depth: int, sampling: SamplingParams, start: float) -> Proposal:
+        """`sampled_chains` chains of `depth` tokens, each token a fresh draw from the head's q given its own
+        chain, all chains' pairs of a depth in one head forward (each attends to the committed pairs and
+        its own chain)."""
+        head, width = self.head, self.sampled_chains
+        vocabulary = head.head_ids.cpu()
+
+        def draw(h: torch.Tensor) -> tuple[int, SparseDist]:
+            token, dist, _ = draft_position(head.logits(h).float().cpu(), sampling, state.generator, self.q_top_n,
+                                            vocabulary)
+            return token, dist
+
+        chains = [[draw(state.last)] for _ in range(width)]
+        keys, values = state.keys, state.values
+        h = state.last[None].expand(width, -1)  # [W, H]: each chain's output that drew its last token
+        for d in range(1, depth):
+            past = keys.shape[2]
+            ids = torch.tensor([[chain[-1][0] for chain in chains]], device=self.device)
+            positions = torch.full((1, width), state.paired + d - 1, device=self.device)
+            allowed = torch.zeros(1, width, past + width, dtype=torch.bool)
+            allowed[0, :, : state.paired] = True
+            for row in range(width):  # its own earlier pairs (depth j's at paired + j * width + row), then itself
+                allowed[0, row, state.paired + row : past : width] = True
+                allowed[0, row, past + row] = True
+            out, keys, values = head.step(ids, h[None], positions, keys, values, allowed.to(self.device))
+            h = out[0]
+            for row, chain in enumerate(chains):
+                chain.append(draw(h[row]))
+        proposals = [Proposal(self.name, tuple(t for t, _ in chain), tuple(q for _, q in chain), 0.0) for chain in chains]
+        return replace(proposals[0], draft_s=time.perf_counter() - start, branches=tuple(proposals[1:]))
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:
         self.sessions.pop(session)

@@ -6,8 +6,9 @@ greedy drafting). Under sampling, q is exactly the distribution each token was s
 (zero outside `ids`); under greedy decoding verification ignores q, and a model drafter sends its
 temperature-1 distribution so the BD reward can compare it with the target's.
 
-A drafter that drafts a token tree (the eagle head, greedy) sends its most likely chain with the
-other root-to-leaf chains as `branches`; the engine verifies them as one tree (deploy/spec/draft_tree.py).
+A drafter that drafts a token tree (the eagle head) sends one chain with the other root-to-leaf
+chains as `branches`; the engine verifies them as one tree (deploy/spec/draft_tree.py). Under
+sampling the chains are independent draws, each token from its q given its own chain.
 `confidence` is the drafter's own probability of each token given the ones before it, which the
 engine calibrates against what the target accepts (deploy/spec/draft_length.py).
 
@@ -26,7 +27,6 @@ from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 from actors.sampling import SamplingParams
-
 
 BRANCH = "branch"  # the source of a draft tree's chains after its first (`Proposal.chains`)
 
@@ -48,7 +48,7 @@ class Proposal:
     match_length: int = 0  # context tokens the draft's source matched (n-gram tail, datastore tail); 0 = unknown
     source: str = ""  # which of a composite drafter's sources drafted it ("" = the drafter itself)
     confidence: tuple[float, ...] | None = None  # per token, the drafter's P(it is right | the tokens before it are)
-    branches: tuple["Proposal", ...] = ()  # a draft tree's other root-to-leaf chains (greedy only), more likely first
+    branches: tuple["Proposal", ...] = ()  # a draft tree's other root-to-leaf chains (greedy: more likely first)
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):

@@ -123,8 +123,9 @@ def read_shard(path: Path) -> list[CorpusRecord]:
 
 
 def build_shards(target, shards: Sequence[int], out_dir: Path = CORPUS_DIR, max_new_tokens: int = MAX_NEW_TOKENS,
-                 drafters: str = "ngram,none", progress: bool = True) -> list[dict]:
-    """Generate the missing shards among `shards` (each a file; present ones are skipped).
+                 drafters: str = "ngram,none", progress: bool = True, shard_jobs: int = SHARD_JOBS) -> list[dict]:
+    """Generate the missing shards among `shards` (each a file; present ones are skipped), shard i holding
+    jobs [i * shard_jobs, (i + 1) * shard_jobs) of `compose_jobs` (a test builds tiny shards).
     -> per shard generated: its index, requests, positions, generated tokens and seconds."""
     from actors.pool import build_drafters
     from deploy.spec.engine import SpeculativeEngine
@@ -137,11 +138,11 @@ def build_shards(target, shards: Sequence[int], out_dir: Path = CORPUS_DIR, max_
     engine = SpeculativeEngine(target, build_drafters(names, target_vocab_size=target.vocab_size, target=target.name),
                                policy=f"fixed:{names[0]}", verify="chosen")
     scheduler = BatchScheduler(engine)
-    every = compose_jobs((max(missing) + 1) * SHARD_JOBS)
+    every = compose_jobs((max(missing) + 1) * shard_jobs)
     done = []
     for shard in missing:
         start = time.perf_counter()
-        records = generate_shard(scheduler, every[shard * SHARD_JOBS : (shard + 1) * SHARD_JOBS], max_new_tokens, progress)
+        records = generate_shard(scheduler, every[shard * shard_jobs : (shard + 1) * shard_jobs], max_new_tokens, progress)
         write_shard(records, shard_path(out_dir, shard))
         seconds = time.perf_counter() - start
         generated = sum(len(r.output_ids) for r in records)

@@ -3,6 +3,7 @@ drafting does; the features it drafts from are the target's own fused hidden sta
 batch with chunked prefills; its greedy output equals plain decoding (chain, tree, batched); its
 sampled drafts follow the q it sends; a head trains, saves and loads; a tiny head builds end to end
 from a generated corpus shard."""
+import numpy as np
 import pytest
 import torch
 
@@ -12,10 +13,13 @@ from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
+from deploy.spec.draft_tree import DraftTree
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.scheduler import BatchScheduler
+from deploy.spec.tree_verify import verify_tree
 from deploy.specialists.corpus import target_outputs
-from deploy.specialists.eagle import _ttt_attention, train_eagle
+from deploy.specialists.eagle import _ttt_attention, build_eagle, train_eagle
+from deploy.specialists.eagle_corpus import build_shards, read_shard, shard_path
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
@@ -144,6 +148,57 @@ def test_sampled_drafts_follow_the_q_the_drafter_sends(target, trained):
     assert sum(q.values()) == pytest.approx(1.0, abs=1e-5) and len(q) <= 8
 
 
+def emitted_by_tree_verification(drafter, sampling, draft_sampling, p_first, p_second, draws, seed=0):
+    """Each draw: the drafter's tree for the same context (drafted under `draft_sampling`), verified by
+    recursive rejection against a target whose p is p_first at the root and p_second below it.
+    -> (first emitted tokens' frequencies, second emitted tokens' frequencies) over the target vocabulary."""
+    vocab = len(p_first)
+    first, second = np.zeros(vocab), np.zeros(vocab)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(draws):
+        chains = drafter.propose("r", [], 2, draft_sampling).chains()
+        drafts = [c.token_ids for c in chains]
+        tree = DraftTree.build(drafts)
+        logits = torch.stack([p_first.log()] + [p_second.log()] * tree.size).clamp(min=-1e4)
+        emitted = verify_tree(tree, [c.q for c in chains], drafts, logits, sampling, generator).token_ids
+        first[emitted[0]] += 1
+        if len(emitted) > 1:
+            second[emitted[1]] += 1
+    return first / first.sum(), second / max(second.sum(), 1)
+
+
+def test_sampled_draft_trees_verified_by_recursive_rejection_emit_the_targets_distribution(target, trained):
+    """Three independent chains a round; the target's p is far from the head's q (its ranking reversed,
+    and a token the head never drafts), so only drafts that are true draws from the q they send keep
+    the output distributed as p. A greedy tree (top tokens, not draws) fails the same check."""
+    drafter = EagleProposer(trained[0], q_top_n=5, sampled_chains=3)
+    prompt = target.encode(messages=CHAT_PROMPTS[1])
+    sampling = SamplingParams(temperature=1.0, seed=5)
+    first = drafter.propose("r", prompt, 2, sampling, fused_features(target, prompt[:-1]))
+    assert len(first.chains()) == 3 and all(len(c.token_ids) == 2 for c in first.chains())
+    ids = list(first.q[0].ids)
+    vocab = target.vocab_size
+    p_first, p_second = torch.zeros(vocab), torch.zeros(vocab)
+    p_first[ids] = torch.tensor(sorted(first.q[0].probs)) * 0.8  # the head's least likely token the target's most likely
+    p_first[next(t for t in range(vocab) if t not in ids)] = 0.2
+    p_second[list(first.q[1].ids)[:3]] = torch.tensor([0.2, 0.3, 0.5])
+    first_freq, second_freq = emitted_by_tree_verification(drafter, sampling, sampling, p_first, p_second, 3000)
+    assert 0.5 * np.abs(first_freq - p_first.numpy()).sum() < 0.04
+    assert 0.5 * np.abs(second_freq - p_second.numpy()).sum() < 0.06
+    greedy_tree = emitted_by_tree_verification(drafter, sampling, SamplingParams(max_tokens=32), p_first, p_second, 1000)[0]
+    assert 0.5 * np.abs(greedy_tree - p_first.numpy()).sum() > 0.1
+
+
+def test_a_sampled_request_verifies_the_heads_independent_chains_as_a_tree_and_is_reproducible_from_its_seed(
+        target, trained):
+    pool = build_drafters(["ngram", NO_DRAFT]) | {"eagle": EagleProposer(trained[0])}
+    engine = SpeculativeEngine(target, pool, policy="fixed:eagle", verify="tree")
+    sampling = SamplingParams(max_tokens=24, temperature=0.8, seed=11)
+    runs = [engine.generate(messages=CHAT_PROMPTS[0], sampling=sampling) for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 24
+    assert runs[0].summary["num_accepted_draft_tokens"] > 0
+
+
 def test_a_head_loaded_as_the_pool_loads_it_drafts_the_same_tokens(target, trained):
     head, _, out = trained
     pooled = build_drafters(["eagle"], target="smollm2-135m", eagle_head=str(out))["eagle"]
@@ -163,3 +218,21 @@ def test_eagle_for_a_target_without_a_head_is_refused_naming_drafters_and_the_co
     with pytest.raises(InvalidRequestError) as err:
         build_drafters(["eagle"], target="another-target")
     assert err.value.field == "drafters" and "train-eagle" in str(err.value)
+
+
+def test_a_tiny_head_builds_end_to_end_from_a_generated_corpus_shard_and_drafts_losslessly(target, plain, tmp_path,
+                                                                                         monkeypatch):
+    """What `make eagle` does, small: a corpus shard generated through the batch scheduler, then the
+    recipe (features, training, manifest) into a head the pool loads and the engine drafts with."""
+    monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    (report,) = build_shards(target, [0], corpus, max_new_tokens=24, progress=False, shard_jobs=4)
+    records = read_shard(shard_path(corpus, 0))
+    assert report["requests"] == len(records) >= 4 and all(r.output_ids for r in records)
+    assert build_shards(target, [0], corpus, progress=False, shard_jobs=4) == []  # a present shard is kept
+    manifest = build_eagle(target, tmp_path / "head", corpus_dir=corpus, epochs=2, vocabulary=4096, progress=False)
+    assert manifest["recipe"]["corpus"]["requests"] == len(records) and manifest["positions"] > 0
+    assert len(manifest["heldout_agreement_by_depth"]) == 3 and manifest["vocabulary_coverage"] > 0.5
+    pooled = build_drafters(["eagle", NO_DRAFT], target="smollm2-135m", eagle_head=str(tmp_path / "head"))
+    engine = SpeculativeEngine(target, pooled, policy="fixed:eagle")
+    assert engine.generate(messages=CHAT_PROMPTS[0], sampling=GREEDY).token_ids == plain[0].token_ids
