@@ -201,6 +201,14 @@ def find_head(target: str) -> Path | None:
     return next((path for path in (eagle_dir(target), shipped_head(target)) if is_head_dir(path)), None)
 
 
+def head_vocabulary(path: Path) -> torch.Tensor:
+    """The token ids the head saved at `path` (a directory) drafts, read without loading the head."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / HEAD_FILE), framework="pt") as tensors:
+        return tensors.get_tensor("head_ids").to(torch.long)
+
+
 def load_head(path: Path, config, embed_weight: torch.Tensor, device: torch.device | str = "cpu") -> EagleHead:
     """The head saved at `path` (a directory), for a target of this config and input embeddings [V, H], in float32."""
     from safetensors.torch import load_file

@@ -221,7 +221,8 @@ def cmd_train_eagle(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise InvalidRequestError("corpus", str(err)) from err
     if manifest is None:
-        print(f"stopped after {args.max_minutes} minutes with a checkpoint in {out}: run the same command again to resume",
+        print(f"stopped after {args.max_minutes} minutes (features and checkpoint kept under $SPECFLEET_CACHE/eagle-work): "
+              "run the same command again to resume",
               file=sys.stderr)
         return 3
     print(json.dumps(manifest, indent=1))

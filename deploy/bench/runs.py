@@ -178,6 +178,7 @@ def run_bench(
     if oracle:
         rows.append(oracle)
     traced = next(p for p in prompts if p.id == trace_id)
+    eagle = eagle_head_params(target.name, list(ar_ids.values())) if "eagle" in drafter_names else {}
     return {
         "model": target.name,
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
@@ -185,13 +186,26 @@ def run_bench(
                    "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
-                      if profile else {})},
+                      if profile else {}), **eagle},
         "runs": rows,
         "summary": summarize(rows),
         "trace": {"prompt": trace_id, "task": traced.task,
                   "runs": {run: [list(r) for r in x.trace] for run in run_names if run.startswith("policy:")
                            for p, x in results[run] if p.id == trace_id}},
     }
+
+
+def eagle_head_params(target: str, outputs: list[list[int]]) -> dict:
+    """The eagle head the pool loaded (as the pool finds it) and its vocabulary's share of plain decoding's tokens."""
+    from actors.eagle_head import find_head, head_vocabulary
+
+    path = find_head(target)
+    if path is None:
+        return {}
+    vocabulary = set(head_vocabulary(path).tolist())
+    tokens = [t for output in outputs for t in output]
+    return {"eagle_head": {"path": str(path), "vocabulary": len(vocabulary),
+                           "vocabulary_coverage": round(sum(t in vocabulary for t in tokens) / max(len(tokens), 1), 4)}}
 
 
 def _engine_generator(engine: SpeculativeEngine, profile: CostProfile | None = None):

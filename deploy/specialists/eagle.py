@@ -9,7 +9,8 @@ The recipe, in order:
 3. **Features.** One target forward per batch of sequences gives every position's fused feature
    (the hidden states entering the feature layers, [3H]) and its post-norm last hidden state [H],
    from which the target's distribution over the vocabulary is read. Both are kept in float16, in
-   a cache file per corpus shard, so a resumed build does not run the target again.
+   a cache file per corpus shard, so a resumed build does not run the target again and a new
+   shard costs only its own forwards.
 4. **Training-time test** (EAGLE-3). Step 0 reads the target's true features. Step j reads, at each
    pair, the head's own step j - 1 output of the pair before, with the true tokens. Its query at
    position t attends to the true pairs up to t - j and to its own chain (the step-i pair at
@@ -44,7 +45,7 @@ STEPS = 3  # training-time test: drafting steps unrolled
 DECAY = 0.8  # loss weight of step j: DECAY ** j (EAGLE-3's)
 FEATURE_BATCH_TOKENS = 4096  # padded positions per target forward of the feature pass
 TRAIN_BATCH_TOKENS = 2048  # padded positions per training step
-LR = 1e-3
+LR = 3e-3  # the earlier head's runs: 3e-3 agreed more than 1e-3 (docs/experiments.md)
 HELDOUT = 0.05
 
 
@@ -124,8 +125,7 @@ def cached_features(target: TargetModel, examples: Sequence[Example], cache: Pat
     if cache is not None and cache.is_file():
         stored = torch.load(cache, weights_only=True)
         if stored["count"] == len(examples):
-            return [Sequence_(t, f, l, o) for t, f, l, o in zip(stored["tokens"], stored["fused"], stored["last"],
-                                                                  stored["first"])]
+            return [Sequence_(*parts) for parts in zip(stored["tokens"], stored["fused"], stored["last"], stored["first"])]
     sequences = target_features(target, examples, progress)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +230,8 @@ def train_eagle(
     seed: int = 0,
     heldout: float = HELDOUT,
     feature_cache: Path | None = None,
+    sequences: Sequence[Sequence_] | None = None,
+    features_s: float = 0.0,
     max_minutes: float | None = None,
     checkpoint: Path | None = None,
     checkpoint_s: float = 300.0,
@@ -238,6 +240,8 @@ def train_eagle(
     progress: bool = False,
 ) -> dict | None:
     """Train (or resume training) the head; save it with its manifest in `out_dir` when done.
+    `sequences`: the examples' features when the caller has them (else computed, kept in `feature_cache`),
+    and `features_s` the seconds they took.
     -> the manifest, or None when `max_minutes` ran out first (the `checkpoint` file resumes it;
     default: beside out_dir)."""
     started = time.perf_counter()
@@ -248,8 +252,9 @@ def train_eagle(
     heldout_ids, train_ids = order[:cut], order[cut:]
     head_ids, coverage = head_vocabulary([examples[i] for i in train_ids], sorted(target.eos_ids), vocabulary,
                                           target.vocab_size)
-    sequences = cached_features(target, examples, feature_cache, progress)
-    features_s = time.perf_counter() - started
+    if sequences is None:
+        sequences = cached_features(target, examples, feature_cache, progress)
+    features_s += time.perf_counter() - started
     in_vocabulary = torch.zeros(target.vocab_size, dtype=torch.bool)
     in_vocabulary[head_ids] = True
     head = EagleHead.from_target(target.model, head_ids)
@@ -331,26 +336,49 @@ def build_eagle(target: TargetModel, out_dir: Path, shards: Sequence[int] | None
                 corpus_dir: Path | None = None, max_new_tokens: int = 192, epochs: int = 2, vocabulary: int = VOCABULARY,
                 steps: int = STEPS, lr: float = LR, max_minutes: float | None = None, progress: bool = True) -> dict | None:
     """The head for `target` from the recipe: the corpus shards (all in `corpus_dir` by default), the
-    target's answers to `prompt_files`, features cached beside the checkpoint, training.
+    target's answers to `prompt_files`, features cached per shard beside the checkpoint (so adding a
+    shard computes only its own), training.
     -> the manifest (the head is saved in `out_dir`), or None when `max_minutes` ran out (run it again to resume)."""
-    from deploy.bench.prompts import load_prompts
-    from deploy.specialists.corpus import target_outputs
-    from deploy.specialists.eagle_corpus import CORPUS_DIR, load_corpus
-
-    log = print if progress else None
-    examples, corpus = load_corpus(target, corpus_dir or CORPUS_DIR, shards)
-    for prompt_file in prompt_files:
-        prompts = [p.messages if p.messages else [{"role": "user", "content": p.prompt}] for p in load_prompts(prompt_file)]
-        examples += target_outputs(target, prompts, max_new_tokens, progress=progress)
-    if not examples:
-        raise ValueError(f"no corpus: no shard in {corpus_dir or CORPUS_DIR} and no prompt file (specfleet eagle-corpus)")
     from actors.eagle_head import eagle_dir
     from actors.models import cache_root
+    from deploy.bench.prompts import load_prompts
+    from deploy.specialists.corpus import target_outputs
+    from deploy.specialists.eagle_corpus import CORPUS_DIR, load_corpus, shard_indices
 
-    recipe = {"corpus": corpus, "prompt_files": [str(p) for p in prompt_files]}
+    log = print if progress else None
+    corpus_dir = corpus_dir or CORPUS_DIR
     work = cache_root() / "eagle-work" / eagle_dir(target.name).name  # features and checkpoints: large, never in git
-    key = f"{len(examples)}-{corpus['positions']}-{len(prompt_files)}"
+    started = time.perf_counter()
+    examples: list[Example] = []
+    sequences: list[Sequence_] = []
+    corpus: dict = {"shards": 0, "requests": 0, "dropped_overlap": 0, "positions": 0, "by_style": {}}
+    for shard in shard_indices(corpus_dir) if shards is None else shards:
+        if max_minutes is not None and time.perf_counter() - started > 60 * max_minutes:
+            return None  # the features cached so far stay: the next run goes on from the next shard
+        shard_examples, counts = load_corpus(target, corpus_dir, [shard])
+        for key in ("shards", "requests", "dropped_overlap", "positions"):
+            corpus[key] += counts[key]
+        for style, n in counts["by_style"].items():
+            corpus["by_style"][style] = corpus["by_style"].get(style, 0) + n
+        examples += shard_examples
+        sequences += cached_features(target, shard_examples, work / f"features-shard-{shard:03d}-{len(shard_examples)}.pt",
+                                     progress)
+    for prompt_file in prompt_files:
+        prompts = [p.messages if p.messages else [{"role": "user", "content": p.prompt}] for p in load_prompts(prompt_file)]
+        answers = target_outputs(target, prompts, max_new_tokens, progress=progress)
+        examples += answers
+        sequences += cached_features(target, answers, work / f"features-{prompt_file.stem}-{len(answers)}-{max_new_tokens}.pt",
+                                     progress)
+    if not examples:
+        raise ValueError(f"no corpus: no shard in {corpus_dir} and no prompt file (specfleet eagle-corpus)")
+    if log:
+        log(f"corpus: {len(examples)} examples, {corpus['positions']} corpus positions; features in "
+            f"{time.perf_counter() - started:.0f} s")
+    recipe = {"corpus": corpus, "prompt_files": [str(p) for p in prompt_files]}
+    key = f"{len(examples)}-{sum(len(e.token_ids) for e in examples)}"
+    features_s = time.perf_counter() - started
+    left = None if max_minutes is None else max_minutes - features_s / 60
     return train_eagle(target, examples, out_dir, epochs=epochs, lr=lr, vocabulary=vocabulary, steps=steps,
-                       feature_cache=work / f"features-{key}.pt", checkpoint=work / f"checkpoint-{key}-{epochs}-{vocabulary}-{steps}-{lr}.pt", max_minutes=max_minutes,
-                       recipe=recipe, log=log, progress=progress)
-
+                       sequences=sequences, features_s=features_s, max_minutes=left,
+                       checkpoint=work / f"checkpoint-{key}-{epochs}-{vocabulary}-{steps}-{lr}.pt", recipe=recipe, log=log,
+                       progress=progress)

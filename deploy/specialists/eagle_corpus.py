@@ -117,6 +117,11 @@ def write_shard(records: Iterable[CorpusRecord], path: Path) -> None:
     partial.replace(path)
 
 
+def shard_indices(out_dir: Path) -> list[int]:
+    """The shards present in `out_dir`, in order."""
+    return sorted(int(path.name.split("-")[1].split(".")[0]) for path in out_dir.glob("shard-*.jsonl.gz"))
+
+
 def read_shard(path: Path) -> list[CorpusRecord]:
     with gzip.open(path, "rt") as lines:
         return [CorpusRecord(**json.loads(line)) for line in lines]

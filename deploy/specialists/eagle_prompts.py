@@ -192,11 +192,14 @@ def _math_problem(rng: random.Random) -> str:
     person, other = rng.sample(PEOPLE, 2)
     plural, single = rng.choice(ITEMS)
     forms = [
-        f"{person} buys {a} {plural} at {b} dollars each and pays with a {100 * (1 + a * b // 100)} dollar note. How much change does {person} get?",
-        f"{person} has {a + c} {plural} and gives {c} of them to {other}. Then {person} buys {b} more. How many {plural} does {person} have now?",
+        f"{person} buys {a} {plural} at {b} dollars each and pays with a {100 * (1 + a * b // 100)} dollar note. "
+        f"How much change does {person} get?",
+        f"{person} has {a + c} {plural} and gives {c} of them to {other}. Then {person} buys {b} more. "
+        f"How many {plural} does {person} have now?",
         f"A {single} costs {b} euros. After a {rng.choice([10, 15, 20, 25, 30])}% discount, what does it cost? Explain each step.",
         f"Solve for y: {a}y - {b} = {a * c - b}. Show your steps.",
-        f"A car drives {a * 10} km in {rng.choice([2, 3, 4, 5])} hours. At the same speed, how far does it go in {rng.choice([6, 7, 8])} hours?",
+        f"A car drives {a * 10} km in {rng.choice([2, 3, 4, 5])} hours. "
+        f"At the same speed, how far does it go in {rng.choice([6, 7, 8])} hours?",
         f"What is {rng.choice([5, 12, 35, 40, 65])}% of {c * 10}? Then subtract {b}. Show your work.",
         f"{person} and {other} share {a * 6} {plural} in the ratio 1:{rng.choice([2, 3, 5])}. How many does each get?",
         f"A rectangle is {a} metres long and {b} metres wide. What are its area and its perimeter?",

@@ -3,16 +3,19 @@ drafting does; the features it drafts from are the target's own fused hidden sta
 batch with chunked prefills; its greedy output equals plain decoding (chain, tree, batched); its
 sampled drafts follow the q it sends; a head trains, saves and loads; a tiny head builds end to end
 from a generated corpus shard."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from actors.eagle import EagleProposer, causal_allowed
-from actors.eagle_head import EagleHead, load_head
+from actors.eagle_head import EagleHead, eagle_dir, head_vocabulary, load_head
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
+from deploy.bench.runs import eagle_head_params
 from deploy.spec.draft_tree import DraftTree
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.scheduler import BatchScheduler
@@ -236,3 +239,12 @@ def test_a_tiny_head_builds_end_to_end_from_a_generated_corpus_shard_and_drafts_
     pooled = build_drafters(["eagle", NO_DRAFT], target="smollm2-135m", eagle_head=str(tmp_path / "head"))
     engine = SpeculativeEngine(target, pooled, policy="fixed:eagle")
     assert engine.generate(messages=CHAT_PROMPTS[0], sampling=GREEDY).token_ids == plain[0].token_ids
+
+
+def test_the_bench_reports_the_heads_vocabulary_share_of_plain_decodings_tokens(trained, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
+    shutil.copytree(trained[2], eagle_dir("smollm2-135m"))
+    vocabulary = head_vocabulary(trained[2]).tolist()
+    inside, outside = vocabulary[:3], next(t for t in range(49152) if t not in set(vocabulary))
+    report = eagle_head_params("smollm2-135m", [inside, [outside]])["eagle_head"]
+    assert report["vocabulary_coverage"] == 0.75 and report["path"] == str(eagle_dir("smollm2-135m"))
