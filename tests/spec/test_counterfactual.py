@@ -106,8 +106,10 @@ def test_a_shadow_that_drafts_the_target_output_is_scored_fully_accepted_althoug
     assert all(f.accepted == f.drafted for f in oracle) and sum(f.drafted for f in oracle) > len(oracle)
     assert all(f.accepted == 0 for f in wrong)
     assert np.mean([f.reward for f in oracle]) > 1.5 * np.mean([f.reward for f in wrong])
-    # each cost reward counts with its round's duration in plain steps: reward x weight = tokens / (k + 1)
-    assert [f.reward * f.weight * 5 for f in scripted.feedback] == pytest.approx([f.accepted + 1 for f in scripted.feedback])
+    # each cost reward counts with its round's duration in plain steps: reward x weight = tokens / (k + 1),
+    # unless the rate was capped at 1 (a round priced below a plain step, as a busy machine can measure it)
+    for f in scripted.feedback:
+        assert f.reward * f.weight * 5 == pytest.approx(f.accepted + 1) if f.reward < 1.0 else f.weight * 5 <= f.accepted + 1 + 1e-9
     # the trace counts the shadow's drafting too: the slowest drafter, and the sum in-process drafting paid
     drafted = [r for r in result.rounds if r.drafted]
     assert all(r.drafter_s == 0.003 and r.drafting_sum_s == pytest.approx(0.005) for r in drafted)
