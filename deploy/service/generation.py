@@ -5,9 +5,11 @@
   `InvalidRequestError` names the same field on every front.
 - `generate(scheduler, prompt_ids, sampling) -> Finished`: the request joins the replica's running
   batch (deploy/spec/scheduler.py) and is awaited without holding a thread.
-- `stream(scheduler, prompt_ids, sampling)`: async iterator of text pieces, then one `Finished`.
-  The pieces concatenate to exactly the non-streamed text: `StopHoldback` holds back text that
-  could still become a stop string and an incomplete UTF-8 character, and cuts at a stop string.
+- `stream(scheduler, prompt_ids, sampling)`: async iterator of text pieces (at most one per round
+  of the request), then one `Finished`. Each round's new tokens are decoded once
+  (deploy/service/detokenize.py, which holds back an incomplete UTF-8 character); `StopHoldback`
+  holds back text that could still become a stop string and cuts at a stop string. The pieces
+  concatenate to exactly the non-streamed text.
 - An engine failure other than bad input becomes `TargetUnavailableError` (the cause is chained
   and logged here, not put in the message).
 - `TrackedEngine(scheduler, metrics)`: the scheduler as one generation sees it; it counts the
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
+from deploy.service.detokenize import IncrementalDetokenizer
 from deploy.spec.engine import ABORT, GenerationResult
 from deploy.spec.scheduler import BatchScheduler
 from deploy.spec.target import TargetModel
@@ -77,22 +80,30 @@ def sampling_for(
 
 
 class StopHoldback:
-    """How much of a growing decoded text can be sent without ever being taken back."""
+    """How much of a growing text can be sent without ever being taken back: the text that could
+    still become a stop string is held, and the text is cut at a stop string."""
 
     def __init__(self, stop: Sequence[str]) -> None:
         self.stop = tuple(stop)
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.sent = 0  # characters already sent
+        self.pending = ""  # characters received and not sent: at most the holdback, between calls
+        self.stopped = False
 
-    def advance(self, text: str) -> str:
-        """`text`: the decoded output so far. -> the new piece that is safe to send ("" if none)."""
-        cuts = [cut for cut in (text.find(s) for s in self.stop) if cut >= 0]
-        safe = min(cuts) if cuts else len(text) - self.holdback
-        while safe > self.sent and text[safe - 1] == "\ufffd":  # an incomplete UTF-8 character
-            safe -= 1
-        if safe <= self.sent:
+    def advance(self, new_text: str) -> str:
+        """`new_text`: what the output's text grew by. -> the new piece that is safe to send ("" if none).
+        A stop string can only start in the pending text (the sent text never held one), so the
+        search is over the held and new characters only."""
+        if self.stopped:
             return ""
-        piece, self.sent = text[self.sent:safe], safe
+        self.pending += new_text
+        cuts = [cut for cut in (self.pending.find(s) for s in self.stop) if cut >= 0]
+        self.stopped = bool(cuts)
+        safe = min(cuts) if cuts else len(self.pending) - self.holdback
+        if safe <= 0:
+            return ""
+        piece, self.pending = self.pending[:safe], self.pending[safe:]
+        self.sent += len(piece)
         return piece
 
     def finish(self, final_text: str) -> str:
@@ -167,22 +178,20 @@ async def stream(engine: BatchScheduler | TrackedEngine, prompt_ids: list[int], 
                  ) -> AsyncIterator[str | Finished]:
     """Text pieces as rounds finish, then one Finished (whose result.text they add up to)."""
     loop = asyncio.get_running_loop()
-    updates: asyncio.Queue = asyncio.Queue()
-    output: list[int] = []
+    updates: asyncio.Queue = asyncio.Queue()  # each round's new tokens, in order
     start = time.perf_counter()
     first_token_s: list[float] = []
 
     def on_tokens(tokens: list[int]) -> None:  # runs in the scheduler's thread
-        output.extend(tokens)
         if not first_token_s:
             first_token_s.append(time.perf_counter() - start)
-        loop.call_soon_threadsafe(updates.put_nowait, list(output))
+        loop.call_soon_threadsafe(updates.put_nowait, list(tokens))
 
     task = asyncio.wrap_future(engine.submit(prompt_ids, sampling, on_tokens))
     task.add_done_callback(lambda _: loop.call_soon_threadsafe(updates.put_nowait, None))
-    holdback = StopHoldback(sampling.stop)
+    holdback, text = StopHoldback(sampling.stop), IncrementalDetokenizer(engine.target)
     while (tokens := await updates.get()) is not None:
-        if piece := holdback.advance(engine.target.decode(tokens)):
+        if piece := holdback.advance(text.add(tokens)):
             yield piece
     result = await _engine_result(task)
     if piece := holdback.finish(result.text):

@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
+from deploy.service.detokenize import IncrementalDetokenizer
 from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.spec.engine import GenerationResult, SpeculativeEngine
@@ -22,21 +23,52 @@ PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 def test_text_that_could_start_a_stop_string_is_held_back():
     holdback = StopHoldback(["STOP"])
     assert holdback.advance("Hello ST") == "Hello"  # the last 3 characters could still become STOP
-    assert holdback.advance("Hello STAR") == " S"
+    assert holdback.advance("AR") == " S"
     assert holdback.finish("Hello STAR") == "TAR"
 
 
 def test_streaming_cuts_at_a_stop_string_even_inside_one_round():
     holdback = StopHoldback(["\n\n"])
     assert holdback.advance("one\n\ntwo three") == "one"  # the round went past the stop string
-    assert holdback.advance("one\n\ntwo three four") == ""
+    assert holdback.advance(" four") == ""
     assert holdback.finish("one") == ""
 
 
-def test_an_incomplete_utf8_character_is_held_back():
-    holdback = StopHoldback([])
-    assert holdback.advance("caf\ufffd") == "caf"
-    assert holdback.advance("café") == "é"
+def test_a_stop_string_split_across_rounds_is_found():
+    holdback = StopHoldback(["<END>"])
+    assert holdback.advance("abc<E") == "a"  # 4 characters held: "bc<E" could end in a stop string
+    assert holdback.advance("N") == "b"
+    assert holdback.advance("D> more") == "c"
+    assert holdback.advance("text") == "" and holdback.finish("abc") == ""
+
+
+@pytest.mark.model
+def test_incremental_detokenising_adds_up_to_decoding_the_whole_output_and_never_splits_a_character(target):
+    text = "café 😀 ok — “quotes” 日本語\n\n  spaced\tout. Ελληνικά"
+    tokens = target.tokenizer.encode(text, add_special_tokens=False) + [min(target.eos_ids)]
+    for chunk in (1, 3):
+        detokenizer = IncrementalDetokenizer(target)
+        pieces = [detokenizer.add(tokens[i : i + chunk]) for i in range(0, len(tokens), chunk)]
+        assert "".join(pieces) == target.decode(tokens) and not any("\ufffd" in p for p in pieces)
+        assert chunk > 1 or "" in pieces  # one at a time, a character's first bytes wait for the rest
+
+
+class _BytesTarget:
+    """A tokenizer without a fast backend: one token per UTF-8 byte."""
+
+    tokenizer = object()
+
+    @staticmethod
+    def decode(tokens):
+        return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def test_without_a_fast_tokenizer_detokenising_decodes_the_whole_output_and_holds_an_incomplete_character():
+    tokens = list("café 😀!".encode())
+    detokenizer = IncrementalDetokenizer(_BytesTarget())
+    pieces = [detokenizer.add([t]) for t in tokens]
+    assert "".join(pieces) == "café 😀!" and not any("\ufffd" in p for p in pieces)
+    assert pieces[-2:] == ["😀", "!"] and pieces[3] == ""
 
 
 class _StubScheduler:
