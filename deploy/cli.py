@@ -338,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL: {id, task, messages|prompt}")
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     bench.add_argument("--runs", default=DEFAULT_RUNS, help="comma list: ar, peer:<name>, single:<drafter>, policy:<policy>[@<verify>], serve:<policy>[@<verify>]; "
-                            "globs allowed (peer:*, single:*); e.g. policy:metasd-ucb-cost-warm@tree")
+                            "globs allowed (peer:*, single:*); e.g. policy:metasd-ucb-cost-warm@tree; "
+                            "a policy or serve run ending -without-<drafter>[+<drafter>] uses the pool less those")
     bench.add_argument("--out", default=None, help="write the JSON report here (a .md table and .png charts beside it)")
     bench.add_argument("--tasks", default=None, help="only these tasks (comma list)")
     bench.add_argument("--limit", type=int, default=None, help="only the first N prompts")

@@ -141,7 +141,21 @@ def parse_policy(name: str, drafters: Sequence[str], verify: str = DEFAULT_VERIF
     return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w), verify)
 
 
+WITHOUT = "-without-"  # a bench run `<policy>[@<verify>]-without-<drafter>[+<drafter>...]`: the pool less those
+
+
 def split_run_policy(label: str) -> tuple[str, str]:
-    """A bench run's `<policy>[@<verify>]` -> (policy, verify); no `@<verify>` means `chosen`."""
-    policy, _, verify = label.partition("@")
+    """A bench run's `<policy>[@<verify>][-without-...]` -> (policy, verify); no `@<verify>` means `chosen`."""
+    policy, _, verify = label.partition(WITHOUT)[0].partition("@")
     return policy, verify or CHOSEN
+
+
+def run_drafters(label: str, drafters: Sequence[str]) -> list[str]:
+    """The pool a bench run's label gives its policy: `drafters`, less those named after `-without-`
+    (joined by `+`), so one bench compares a policy with and without a drafter side by side."""
+    _, without, excluded = label.partition(WITHOUT)
+    names = [name for name in excluded.split("+") if name]
+    if without and not names or any(name not in drafters for name in names):
+        raise InvalidRequestError("runs", f"{label!r}: after {WITHOUT!r} name drafters of the pool {list(drafters)}, "
+                                          "joined by +")
+    return [d for d in drafters if d not in names]

@@ -31,7 +31,7 @@ from deploy.bench.service import ServiceRun
 from deploy.spec.cost_model import max_positions
 from deploy.spec.engine import SpeculativeEngine
 from deploy.spec.target import TargetModel
-from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, split_run_policy
+from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, run_drafters, split_run_policy
 
 DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY}@{DEFAULT_VERIFY},policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson"
 MAX_CONCURRENCY = 64
@@ -56,7 +56,7 @@ def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draf
                                                   " (hf-assistant needs --draft-model)")
             if kind in ("policy", "serve"):
                 policy, verify = split_run_policy(name)
-                parse_policy(policy, drafters, verify)
+                parse_policy(policy, run_drafters(name, drafters), verify)
             elif run != "ar" and kind not in ("single", "peer"):
                 raise InvalidRequestError(
                     "runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, policy:<name>, serve:<name>")
@@ -88,8 +88,9 @@ def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, 
         name = run.removeprefix("single:")
         pool, policy, verify = build_drafters([name], draft_model, target.vocab_size, target.name), f"fixed:{name}", CHOSEN
     else:
-        pool = build_drafters(drafters, draft_model, target.vocab_size, target.name)
-        policy, verify = split_run_policy(run.removeprefix("policy:"))
+        label = run.removeprefix("policy:")
+        pool = build_drafters(run_drafters(label, drafters), draft_model, target.vocab_size, target.name)
+        policy, verify = split_run_policy(label)
     costs = None
     if device is not None:
         costs = DeviceCosts(device, target, max_positions(k), [name for name, d in pool.items() if is_model_free(d)])

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
-from policy.registry import split_run_policy
+from policy.registry import run_drafters, split_run_policy
 
 
 def _free_port() -> int:
@@ -47,10 +47,10 @@ class ServiceRun:
 
     @classmethod
     def configure(cls, label: str, drafters: Sequence[str], k: int, model: str) -> "ServiceRun":
-        """A run not started yet (`restart` or `sweep` starts it). label: `<policy>[@<verify>]`."""
+        """A run not started yet (`restart` or `sweep` starts it). label: `<policy>[@<verify>][-without-<drafters>]`."""
         policy, verify = split_run_policy(label)
         args = {"target": {"model": model}, "policy": policy, "verify": verify, "k": k, "request_metrics": True,
-                "drafters": [{"name": d, "kind": d} for d in drafters]}
+                "drafters": [{"name": d, "kind": d} for d in run_drafters(label, drafters)]}
         return cls(None, model, _configured_key(), args)
 
     def restart(self) -> None:

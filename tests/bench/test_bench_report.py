@@ -123,7 +123,17 @@ def test_several_serve_runs_are_one_bench_each_swept_on_its_own_service():
     assert expand_runs("serve:metasd-ucb,serve:fixed:none", POOL) == ["ar", "serve:metasd-ucb", "serve:fixed:none"]
 
 
-@pytest.mark.parametrize("runs", ["serve:nonsense", "peer:vllm", "turbo:ngram", "policy:nonsense"])
+def test_a_policy_run_can_leave_drafters_out_of_its_pool_so_one_bench_compares_with_and_without_them():
+    from policy.registry import run_drafters, split_run_policy
+
+    label = "metasd-ucb-cost-warm@tree-without-suffix+ngram"
+    assert run_drafters(label, POOL) == [d for d in POOL if d not in ("suffix", "ngram")]
+    assert split_run_policy(label) == ("metasd-ucb-cost-warm", "tree") and run_drafters("metasd-ucb", POOL) == list(POOL)
+    assert expand_runs(f"policy:{label},serve:{label}", POOL) == ["ar", f"policy:{label}", f"serve:{label}"]
+
+
+@pytest.mark.parametrize("runs", ["serve:nonsense", "peer:vllm", "turbo:ngram", "policy:nonsense",
+                                  "policy:metasd-ucb-without-eagle", "policy:metasd-ucb@tree-without-"])
 def test_bad_run_lists_are_rejected_naming_runs(runs):
     with pytest.raises(InvalidRequestError) as err:
         expand_runs(runs, POOL)
