@@ -1,7 +1,8 @@
 """Under continuous batching, on the real embedded model, each greedy request's output equals its
-plain decoding alone token for token: eight at once of different lengths, one joining mid-batch,
-one cancelled mid-stream and a sampled one beside them; a cancelled request stops costing forwards
-at the next iteration."""
+plain decoding alone token for token: eight at once of different lengths (their batched rounds
+accepting drafts), trees of several drafts verified in one batch while prompts are prefilled in
+chunks, one joining mid-batch, one cancelled mid-stream and a sampled one beside them; a cancelled
+request stops costing forwards at the next iteration."""
 import threading
 
 import pytest
@@ -80,7 +81,21 @@ def test_eight_requests_at_once_each_equal_their_plain_decoding_alone(target, sc
     for index, (prompt, n, result) in enumerate(zip(prompts, lengths, results)):
         assert result.token_ids == plain_alone(target, prompt, n), f"prompt {index}"
     assert scheduler.rows > scheduler.iterations  # the requests really shared forwards
+    assert sum(r.accepted for result in results for r in result.rounds) > 0  # batched rounds accepted drafts
     assert len(sampled.result(timeout=300).token_ids) > 0
+
+
+def test_trees_of_several_drafts_verified_in_one_batch_with_prompts_prefilled_in_chunks_equal_plain_decoding(target):
+    drafters = build_drafters(["ngram", "suffix", "hierarchy", "none"], None, target.vocab_size)
+    scheduler = BatchScheduler(SpeculativeEngine(target, drafters, verify="tree"), prefill_tokens=24)
+    prompts = [target.encode(messages=m) for m in CHAT_PROMPTS] + [target.encode(prompt=p) for p in PROMPTS[:3]]
+    assert max(len(p) for p in prompts) > 24  # a prompt longer than one iteration's prefill budget
+    futures = [scheduler.submit(p, SamplingParams(max_tokens=24)) for p in prompts]
+    results = [f.result(timeout=300) for f in futures]
+    for index, (prompt, result) in enumerate(zip(prompts, results)):
+        assert result.token_ids == plain_alone(target, prompt, 24), f"prompt {index}"
+    assert any("+" in r.drafter for result in results for r in result.rounds)  # rounds verified several drafts as a tree
+    assert scheduler.rows > scheduler.iterations
 
 
 def test_a_request_joining_mid_batch_and_one_cancelled_mid_stream(target, scheduler):
