@@ -266,15 +266,16 @@ def train_eagle(
     warmup = min(200, total // 10 + 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / total))
     checkpoint = checkpoint or out_dir.parent / f".{out_dir.name}.checkpoint.pt"
-    state = {"step": 0, "losses": [], "train_s": 0.0}
+    state = {"step": 0, "losses": [], "train_s": 0.0, "features_s": 0.0}
     if checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
         head.load_state_dict(saved["head"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
-        state = saved["state"]
+        state = {"features_s": 0.0} | saved["state"]
         if log:
             log(f"resumed at step {state['step']} of {total}")
+    state["features_s"] += features_s  # every run's: the first computes the features, the others read them back
     plan = [batch for epoch in range(epochs) for batch in _length_batches(lengths, TRAIN_BATCH_TOKENS, random.Random(seed + epoch))]
     head.train()
     last_saved = run_start = time.perf_counter()
@@ -314,7 +315,7 @@ def train_eagle(
         "examples": len(train_ids), "heldout_examples": len(heldout_ids), "positions": positions,
         "vocabulary_coverage": round(coverage, 4), "epoch_losses": [round(x, 4) for x in per_epoch_losses],
         "heldout_agreement_by_depth": [round(a, 4) for a in agreement], "steps": total,
-        "features_s": round(features_s, 1), "train_s": round(state["train_s"], 1),
+        "features_s": round(state["features_s"], 1), "train_s": round(state["train_s"], 1),
     }
     head.save(out_dir, manifest)
     checkpoint.unlink(missing_ok=True)
