@@ -158,12 +158,13 @@ def emitted_by_tree_verification(drafter, sampling, draft_sampling, p_first, p_s
     vocab = len(p_first)
     first, second = np.zeros(vocab), np.zeros(vocab)
     generator = torch.Generator().manual_seed(seed)
+    p = torch.stack([p_first, p_second])  # the target's warped distributions: row 0 the root, row 1 below it
     for _ in range(draws):
         chains = drafter.propose("r", [], 2, draft_sampling).chains()
         drafts = [c.token_ids for c in chains]
         tree = DraftTree.build(drafts)
-        logits = torch.stack([p_first.log()] + [p_second.log()] * tree.size).clamp(min=-1e4)
-        emitted = verify_tree(tree, [c.q for c in chains], drafts, logits, sampling, generator).token_ids
+        rows = p[[0] + [1] * tree.size]
+        emitted = verify_tree(tree, [c.q for c in chains], drafts, rows, sampling, generator, p=rows).token_ids
         first[emitted[0]] += 1
         if len(emitted) > 1:
             second[emitted[1]] += 1
