@@ -201,7 +201,7 @@ def find_head(target: str) -> Path | None:
     return next((path for path in (eagle_dir(target), shipped_head(target)) if is_head_dir(path)), None)
 
 
-def head_vocabulary(path: Path) -> torch.Tensor:
+def saved_head_ids(path: Path) -> torch.Tensor:
     """The token ids the head saved at `path` (a directory) drafts, read without loading the head."""
     from safetensors import safe_open
 

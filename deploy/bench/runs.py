@@ -198,12 +198,12 @@ def run_bench(
 
 def eagle_head_params(target: str, outputs: list[list[int]]) -> dict:
     """The eagle head the pool loaded (as the pool finds it) and its vocabulary's share of plain decoding's tokens."""
-    from actors.eagle_head import find_head, head_vocabulary
+    from actors.eagle_head import find_head, saved_head_ids
 
     path = find_head(target)
     if path is None:
         return {}
-    vocabulary = set(head_vocabulary(path).tolist())
+    vocabulary = set(saved_head_ids(path).tolist())
     tokens = [t for output in outputs for t in output]
     return {"eagle_head": {"path": str(path), "vocabulary": len(vocabulary),
                            "vocabulary_coverage": round(sum(t in vocabulary for t in tokens) / max(len(tokens), 1), 4)}}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from actors.eagle import EagleProposer, causal_allowed
-from actors.eagle_head import EagleHead, eagle_dir, head_vocabulary, load_head
+from actors.eagle_head import EagleHead, eagle_dir, load_head, saved_head_ids
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
@@ -245,7 +245,7 @@ def test_a_tiny_head_builds_end_to_end_from_a_generated_corpus_shard_and_drafts_
 def test_the_bench_reports_the_heads_vocabulary_share_of_plain_decodings_tokens(trained, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
     shutil.copytree(trained[2], eagle_dir("smollm2-135m"))
-    vocabulary = head_vocabulary(trained[2]).tolist()
+    vocabulary = saved_head_ids(trained[2]).tolist()
     inside, outside = vocabulary[:3], next(t for t in range(49152) if t not in set(vocabulary))
     report = eagle_head_params("smollm2-135m", [inside, [outside]])["eagle_head"]
     assert report["vocabulary_coverage"] == 0.75 and report["path"] == str(eagle_dir("smollm2-135m"))
