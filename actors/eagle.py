@@ -29,6 +29,7 @@ Tokens outside the head's vocabulary are never drafted.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -167,16 +168,18 @@ class EagleProposer:
         vocabulary = head.head_ids.cpu()
         nodes: list[_Node] = []
 
-        def expand(parent: int, h: torch.Tensor) -> None:
-            logits = head.logits(h).float().cpu()  # [V']
-            log_p = torch.log_softmax(logits, dim=-1)
-            ids, probs = sparse_top(log_p.exp(), self.q_top_n)
-            dist = SparseDist(tuple(vocabulary[ids].tolist()), tuple(probs.tolist()))  # the temperature-1 q, for BD
-            base = 0.0 if parent < 0 else nodes[parent].log_p
-            for index in torch.topk(log_p, width).indices.tolist():
-                nodes.append(_Node(int(vocabulary[index]), parent, base + float(log_p[index]), float(log_p[index].exp()), dist))
+        def expand(parents: Sequence[int], h: torch.Tensor) -> None:
+            """Each parent's `width` most likely children, all rows' logits in one matmul: h [rows, H]."""
+            log_p = torch.log_softmax(head.logits(h).float().cpu(), dim=-1)  # [rows, V']
+            top = torch.topk(log_p, width, dim=-1)
+            for row, parent in enumerate(parents):
+                ids, probs = sparse_top(log_p[row].exp(), self.q_top_n)
+                dist = SparseDist(tuple(vocabulary[ids].tolist()), tuple(probs.tolist()))  # the temperature-1 q, for BD
+                base = 0.0 if parent < 0 else nodes[parent].log_p
+                for index, child_log_p in zip(top.indices[row].tolist(), top.values[row].tolist()):
+                    nodes.append(_Node(int(vocabulary[index]), parent, base + child_log_p, math.exp(child_log_p), dist))
 
-        expand(-1, state.last)
+        expand([-1], state.last[None])
         frontier = list(range(len(nodes)))
         keys, values = state.keys, state.values
         computed: list[int] = []  # nodes whose pairs are in keys/values beyond the committed ones, in order
@@ -198,7 +201,7 @@ class EagleProposer:
             first_child = len(nodes)
             for row, i in enumerate(frontier):
                 nodes[i].h = out[0, row]
-                expand(i, out[0, row])
+            expand(frontier, out[0])
             frontier = list(range(first_child, len(nodes)))
         kept = sorted(range(len(nodes)), key=lambda i: -nodes[i].log_p)[: self.tree_nodes]
         chains = _chains(nodes, set(kept))
@@ -214,12 +217,11 @@ class EagleProposer:
         head, width = self.head, self.sampled_chains
         vocabulary = head.head_ids.cpu()
 
-        def draw(h: torch.Tensor) -> tuple[int, SparseDist]:
-            token, dist, _ = draft_position(head.logits(h).float().cpu(), sampling, state.generator, self.q_top_n,
-                                            vocabulary)
-            return token, dist
+        def draw(logits: torch.Tensor) -> list[tuple[int, SparseDist]]:
+            """One token per row of logits [rows, V'], each drawn from its own row's q."""
+            return [draft_position(row, sampling, state.generator, self.q_top_n, vocabulary)[:2] for row in logits]
 
-        chains = [[draw(state.last)] for _ in range(width)]
+        chains = [[token] for token in draw(head.logits(state.last).float().cpu()[None].expand(width, -1))]
         keys, values = state.keys, state.values
         h = state.last[None].expand(width, -1)  # [W, H]: each chain's output that drew its last token
         for d in range(1, depth):
@@ -233,8 +235,8 @@ class EagleProposer:
                 allowed[0, row, past + row] = True
             out, keys, values = head.step(ids, h[None], positions, keys, values, allowed.to(self.device))
             h = out[0]
-            for row, chain in enumerate(chains):
-                chain.append(draw(h[row]))
+            for chain, token in zip(chains, draw(head.logits(h).float().cpu())):  # all rows' logits in one matmul
+                chain.append(token)
         proposals = [Proposal(self.name, tuple(t for t, _ in chain), tuple(q for _, q in chain), 0.0) for chain in chains]
         return replace(proposals[0], draft_s=time.perf_counter() - start, branches=tuple(proposals[1:]))
 

@@ -52,10 +52,11 @@ class RecordingEagle(EagleProposer):
 
 @pytest.fixture(scope="module")
 def trained(target, tmp_path_factory):
-    """A head trained (no held-out share) on the target's own answers to the test prompts, loaded back."""
+    """A head trained (no held-out share) on the target's own answers to the test prompts, loaded back; a
+    vocabulary of 2,048 tokens (their answers' tokens among them) keeps each draft cheap."""
     out = tmp_path_factory.mktemp("eagle") / "head"
     manifest = train_eagle(target, target_outputs(target, CHAT_PROMPTS, max_new_tokens=32), out, epochs=40, lr=3e-3,
-                           heldout=0.0)
+                           heldout=0.0, vocabulary=2048)
     head = load_head(out, target.model.config, target.model.get_input_embeddings().weight)
     return head, manifest, out
 
@@ -174,12 +175,15 @@ def emitted_by_tree_verification(drafter, sampling, draft_sampling, p_first, p_s
 def test_sampled_draft_trees_verified_by_recursive_rejection_emit_the_targets_distribution(target, trained):
     """Three independent chains a round; the target's p is far from the head's q (its ranking reversed,
     and a token the head never drafts), so only drafts that are true draws from the q they send keep
-    the output distributed as p. A greedy tree (top tokens, not draws) fails the same check."""
+    the output distributed as p. A greedy tree (top tokens, not draws) fails the same check. The prompt
+    is one the head never trained on, so its q is spread (where q is nearly one token, its top tokens
+    are nearly draws from it and no check tells them apart)."""
     drafter = EagleProposer(trained[0], q_top_n=5, sampled_chains=3)
-    prompt = target.encode(messages=CHAT_PROMPTS[1])
+    prompt = target.encode(messages=[{"role": "user", "content": "Tell me about the moon."}])
     sampling = SamplingParams(temperature=1.0, seed=5)
     first = drafter.propose("r", prompt, 2, sampling, fused_features(target, prompt[:-1]))
     assert len(first.chains()) == 3 and all(len(c.token_ids) == 2 for c in first.chains())
+    assert max(first.q[0].probs) < 0.7
     ids = list(first.q[0].ids)
     vocab = target.vocab_size
     p_first, p_second = torch.zeros(vocab), torch.zeros(vocab)
