@@ -399,8 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     eagle.add_argument("--shards", default=None, help="which corpus shards, e.g. 0-9 (default: every shard there)")
     eagle.add_argument("--prompts", action="append", default=None,
                        help="a JSONL prompt file (as the bench's) whose answers join the corpus, e.g. your own traffic; repeatable")
-    eagle.add_argument("--epochs", type=int, default=2, help="training epochs over the corpus")
-    eagle.add_argument("--vocabulary", type=int, default=16384, help="the head's vocabulary: the most frequent answer tokens")
+    eagle.add_argument("--epochs", type=int, default=3, help="training epochs over the corpus")
+    eagle.add_argument("--vocabulary", type=int, default=24576, help="the head's vocabulary: the most frequent answer tokens")
     eagle.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
     eagle.add_argument("--max-minutes", type=float, default=None,
                        help="stop after this long with a checkpoint (exit 3); the same command resumes it")
