@@ -7,10 +7,10 @@ greedy drafting). Under sampling, q is exactly the distribution each token was s
 temperature-1 distribution so the BD reward can compare it with the target's.
 
 A drafter that drafts a token tree (the eagle head) sends one chain with the other root-to-leaf
-chains as `branches`; the engine verifies them as one tree (deploy/spec/draft_tree.py). Under
+chains as `branches`; the engine verifies them as one tree (deploy/engine/draft_tree.py). Under
 sampling the chains are independent draws, each token from its q given its own chain.
 `confidence` is the drafter's own probability of each token given the ones before it, which the
-engine calibrates against what the target accepts (deploy/spec/draft_length.py).
+engine calibrates against what the target accepts (deploy/engine/draft_length.py).
 
 A Proposer keeps one session per request. Each `propose` call carries `context_delta`: the
 committed tokens (prompt, then accepted output) the drafter has not seen yet for that session;

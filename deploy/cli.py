@@ -51,7 +51,7 @@ def _drafter_names(args: argparse.Namespace) -> str:
 
 def _load(args: argparse.Namespace):
     from actors.models import load_causal_lm
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
 
     target = TargetModel(load_causal_lm(args.model, dtype=args.dtype))
     draft_model = None
@@ -64,7 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters, parse_drafter_names
     from actors.sampling import SamplingParams
-    from deploy.spec.engine import SpeculativeEngine
+    from deploy.engine.engine import SpeculativeEngine
     from policy.registry import CHOSEN, parse_policy
 
     sampling = SamplingParams(
@@ -166,7 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_distill(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
     from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
 
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
@@ -180,7 +180,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 def cmd_specialists(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from actors.specialists import specialists_root
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
     from deploy.specialists.build import build_specialists
     from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
 
@@ -199,7 +199,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> int:
     from actors.eagle_head import eagle_dir
     from actors.models import load_causal_lm
     from deploy.bench.prompts import load_prompts
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
     from deploy.specialists.eagle import build_eagle
 
     if args.epochs < 1:
@@ -246,7 +246,7 @@ def _shard_list(text: str) -> list[int]:
 
 def cmd_eagle_corpus(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
     from deploy.specialists.eagle_corpus import CORPUS_DIR, MAX_NEW_TOKENS, build_shards
 
     shards = _shard_list(args.shards)

@@ -22,7 +22,7 @@ Verification (`verify`; config field, CLI `--verify`, bench `policy:<policy>@<ve
     tree            the chosen drafter and every model-free drafter draft; the token tree of all
                     the drafts, the best rated first, is cut node by node (of each size the nodes
                     most likely accepted, at the size with the most expected tokens per second,
-                    deploy/spec/draft_length.py `select_tree`) and verified in one forward; drafts
+                    deploy/engine/draft_length.py `select_tree`) and verified in one forward; drafts
                     left out are scored as shadows
 
 The service's default is `metasd-ucb-cost-warm` with `tree` (DEFAULT_POLICY, DEFAULT_VERIFY): what

@@ -20,7 +20,7 @@ CHAT_PROMPTS = [
 @pytest.fixture(scope="session")
 def target():
     from actors.models import load_causal_lm
-    from deploy.spec.target import TargetModel
+    from deploy.engine.target import TargetModel
 
     torch.manual_seed(0)
     return TargetModel(load_causal_lm("smollm2-135m"))
@@ -54,7 +54,7 @@ def plain_text(target, messages: list[dict], max_tokens: int) -> str:
     from actors.no_draft import NO_DRAFT
     from actors.pool import build_drafters
     from actors.sampling import SamplingParams
-    from deploy.spec.engine import SpeculativeEngine
+    from deploy.engine.engine import SpeculativeEngine
 
     engine = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
     return engine.generate(messages=messages, sampling=SamplingParams(max_tokens=max_tokens)).text

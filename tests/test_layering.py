@@ -1,5 +1,5 @@
 """The folders are layers and imports only point down: actors (drafters and the shared vocabulary)
-< policy (bandits, rewards, the plain coordinator) < deploy.spec (the speculative core) <
+< policy (bandits, rewards, the plain coordinator) < deploy.engine (the speculative core) <
 deploy.config < cluster (every Ray wrapper) < deploy.service (Serve app, HTTP, gRPC) < the rest of
 deploy (CLI, bench, specialists builder). Checked on the source itself, lazy imports included; the
 module import graph has no cycles; the three bottom layers never import Ray, and import and run
@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "policy", "cluster", "deploy")
-LAYERS = ("actors", "policy", "deploy.spec", "deploy.config", "cluster", "deploy.service", "deploy")
+LAYERS = ("actors", "policy", "deploy.engine", "deploy.config", "cluster", "deploy.service", "deploy")
 
 
 def module_name(path: Path) -> str:
@@ -63,8 +63,8 @@ GRAPH = {name: project_imports(path, MODULES) - {name} for name, path in MODULES
 
 
 def test_the_check_sees_the_engine_import_the_verifier_and_the_cli_import_the_engine():
-    assert "deploy.spec.verify" in GRAPH["deploy.spec.engine"]
-    assert "deploy.spec.engine" in GRAPH["deploy.cli"] or any("deploy.spec" in m for m in GRAPH["deploy.cli"])
+    assert "deploy.engine.verify" in GRAPH["deploy.engine.engine"]
+    assert "deploy.engine.engine" in GRAPH["deploy.cli"] or any("deploy.engine" in m for m in GRAPH["deploy.cli"])
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -113,5 +113,5 @@ def test_blocking_ray_really_blocks_it():
 
 def test_an_upward_import_inside_a_function_is_caught(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from deploy.spec.engine import SpeculativeEngine\n")
+    bad.write_text("def f():\n    from deploy.engine.engine import SpeculativeEngine\n")
     assert any(layer(m) > layer("policy.coordinator") for m in project_imports(bad, MODULES))

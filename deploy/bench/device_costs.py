@@ -14,8 +14,8 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from deploy.bench.cost_profile import CostProfile
-from deploy.spec.cost_model import ForwardCosts
-from deploy.spec.target import TargetModel
+from deploy.engine.cost_model import ForwardCosts
+from deploy.engine.target import TargetModel
 from policy.coordinator import DraftRound
 
 

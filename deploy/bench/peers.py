@@ -26,7 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 from actors.errors import InvalidRequestError
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant", "hf-batch", "hf-cb")
 SWEPT_PEERS = ("hf-batch", "hf-cb")  # peers that also run at every concurrency level of the sweep

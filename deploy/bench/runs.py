@@ -28,9 +28,9 @@ from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
 from deploy.bench.service import ServiceRun
-from deploy.spec.cost_model import max_positions
-from deploy.spec.engine import SpeculativeEngine
-from deploy.spec.target import TargetModel
+from deploy.engine.cost_model import max_positions
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.target import TargetModel
 from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, run_drafters, split_run_policy
 
 DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY}@{DEFAULT_VERIFY},policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson"

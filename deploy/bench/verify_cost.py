@@ -21,8 +21,8 @@ import time
 import torch
 
 from actors.models import load_causal_lm
-from deploy.spec.draft_tree import ROOT, DraftTree
-from deploy.spec.target import TargetModel
+from deploy.engine.draft_tree import ROOT, DraftTree
+from deploy.engine.target import TargetModel
 
 
 def _median_s(step, repeats: int) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 
 class IncrementalDetokenizer:
-    def __init__(self, target) -> None:  # target: deploy.spec.target.TargetModel (tokenizer, decode)
+    def __init__(self, target) -> None:  # target: deploy.engine.target.TargetModel (tokenizer, decode)
         backend = getattr(target.tokenizer, "backend_tokenizer", None)
         self._target, self._backend = target, backend
         if backend is not None:

@@ -4,7 +4,7 @@
   service's defaults filled in, validated by `SamplingParams` and `target.check_length`, so
   `InvalidRequestError` names the same field on every front.
 - `generate(scheduler, prompt_ids, sampling) -> Finished`: the request joins the replica's running
-  batch (deploy/spec/scheduler.py) and is awaited without holding a thread.
+  batch (deploy/engine/scheduler.py) and is awaited without holding a thread.
 - `stream(scheduler, prompt_ids, sampling)`: async iterator of text pieces (at most one per round
   of the request), then one `Finished`. Each round's new tokens are decoded once
   (deploy/service/detokenize.py, which holds back an incomplete UTF-8 character); `StopHoldback`
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
 from deploy.service.detokenize import IncrementalDetokenizer
-from deploy.spec.engine import ABORT, GenerationResult
-from deploy.spec.scheduler import BatchScheduler
-from deploy.spec.target import TargetModel
+from deploy.engine.engine import ABORT, GenerationResult
+from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.target import TargetModel
 
 logger = logging.getLogger("specfleet")
 

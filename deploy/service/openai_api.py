@@ -3,7 +3,7 @@
 Requests are validated by pydantic; `validation_error_body` turns a pydantic error into
 OpenAI's `{"error": {"message", "type", "param", "code"}}` naming the field. Chat messages take
 what clients send (content parts, `developer`, `tool`; checked against the chat template by
-deploy/spec/chat_messages.py). No field a client sends is silently lost: a field this server
+deploy/engine/chat_messages.py). No field a client sends is silently lost: a field this server
 does not act on is refused (400 naming it) unless it has its neutral value (`NEUTRAL_VALUES`:
 penalties, `logit_bias`, `tools`, `response_format`, ...), and any other unknown field is
 accepted and named in the response header `IGNORED_FIELDS_HEADER` (`specfleet-ignored-fields`;
@@ -23,9 +23,9 @@ from urllib.parse import quote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actors.sampling import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, SEED_RANGE
-from deploy.spec.chat_messages import CHAT_ROLES
-from deploy.spec.engine import GenerationResult
-from deploy.spec.logprobs import TokenLogprob
+from deploy.engine.chat_messages import CHAT_ROLES
+from deploy.engine.engine import GenerationResult
+from deploy.engine.logprobs import TokenLogprob
 
 IGNORED_FIELDS_HEADER = "specfleet-ignored-fields"
 MAX_NAMED_IGNORED = 16  # names in that header at most
@@ -84,7 +84,7 @@ class _SamplingFields(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """The shape only; roles and content are checked against the template (deploy/spec/chat_messages.py)."""
+    """The shape only; roles and content are checked against the template (deploy/engine/chat_messages.py)."""
 
     model_config = ConfigDict(extra="ignore")  # `name` and the like: not rendered by chat templates
     role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})  # the schema's roles; checked by chat_messages

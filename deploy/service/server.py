@@ -7,11 +7,11 @@ in-process one). HTTP routes: POST /v1/completions and /v1/chat/completions (JSO
 GET /v1/models, /health and /metrics; the admin API (always behind an admin token; 403 when the
 service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the live pool). gRPC (deploy/service/proto/specfleet.proto, through Serve's gRPC
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Requests in flight are batched:
-one scheduler thread runs every round of them in one target forward (deploy/spec/scheduler.py),
+one scheduler thread runs every round of them in one target forward (deploy/engine/scheduler.py),
 each with its own paged KV cache; both fronts share
 request validation, streaming (deploy/service/generation.py) and the API-key check (deploy/service/auth.py).
 A list of prompts (completions) gets one choice each, generated side by side; `logprobs` come
-from the verification forwards (deploy/spec/logprobs.py); fields nothing acts on are refused or
+from the verification forwards (deploy/engine/logprobs.py); fields nothing acts on are refused or
 named in the `specfleet-ignored-fields` header (deploy/service/openai_api.py).
 Bad input gets OpenAI-style JSON errors (400 naming the field, 404 `model_not_found` for an
 unknown model, 413 for a body over the config's `max_request_bytes`) or
@@ -64,9 +64,9 @@ from deploy.service.openai_api import (
     validation_error_body,
 )
 from deploy.service.openapi import ADMIN_ERRORS, STREAMED, V1_ERRORS, install_schema, json_body
-from deploy.spec.engine import SpeculativeEngine
-from deploy.spec.scheduler import BatchScheduler
-from deploy.spec.target import TargetModel
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.target import TargetModel
 from policy.coordinator import Coordinator
 
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
@@ -101,7 +101,7 @@ class SpecfleetServer:
 
             proxy = connect_coordinator()
             replica = actor_name().rpartition("#")[2] or replica  # Serve's replica id
-        # the scheduler's thread loads the target and runs every forward (deploy/spec/scheduler.py)
+        # the scheduler's thread loads the target and runs every forward (deploy/engine/scheduler.py)
         self.scheduler = BatchScheduler(lambda: self._engine(proxy if coordinator == "actor" else None),
                                         max_batch=self.config.max_ongoing_requests)
         self.engine, self.target = self.scheduler.engine, self.scheduler.target

@@ -19,7 +19,7 @@ from actors.models import load_causal_lm, truncate_layers
 from actors.retrieval import TokenDatastore
 from actors.specialists import DATASTORE_FILE, DISTILL_DIR, MANIFEST_FILE, specialists_root
 from deploy.bench.prompts import load_prompts
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import Example, load_examples, python_sources, save_examples, target_outputs
 from deploy.specialists.distill import distill
 

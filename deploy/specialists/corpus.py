@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import Example, target_outputs
 
 SUBJECTS = [

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from actors.eagle_head import EagleHead
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import Example
 
 VOCABULARY = 24576  # head vocabulary size: 98.3% of plain decoding's tokens on the dev set (16,384: 97.1%; docs/experiments.md)

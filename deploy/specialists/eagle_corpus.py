@@ -1,7 +1,7 @@
 """The eagle head's corpus: the target's own greedy answers to broad requests, in shards kept in the repository.
 
 `generate_shard(scheduler, jobs, max_new_tokens)` answers a shard's jobs (deploy/specialists/eagle_prompts.py)
-through the project's own continuous-batching scheduler (deploy/spec/scheduler.py). Every request is in
+through the project's own continuous-batching scheduler (deploy/engine/scheduler.py). Every request is in
 flight at once, up to the scheduler's batch, and a chained job's second request joins the batch as
 soon as its first answer is done. The answers are greedy and lossless, so they are exactly the
 target's plain greedy answers whatever the drafts.
@@ -133,8 +133,8 @@ def build_shards(target, shards: Sequence[int], out_dir: Path = CORPUS_DIR, max_
     jobs [i * shard_jobs, (i + 1) * shard_jobs) of `compose_jobs` (a test builds tiny shards).
     -> per shard generated: its index, requests, positions, generated tokens and seconds."""
     from actors.pool import build_drafters
-    from deploy.spec.engine import SpeculativeEngine
-    from deploy.spec.scheduler import BatchScheduler
+    from deploy.engine.engine import SpeculativeEngine
+    from deploy.engine.scheduler import BatchScheduler
 
     missing = [s for s in shards if not shard_path(out_dir, s).is_file()]
     if not missing:

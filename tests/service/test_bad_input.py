@@ -7,7 +7,7 @@ from actors.models import load_causal_lm
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.spec.engine import SpeculativeEngine
+from deploy.engine.engine import SpeculativeEngine
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.model

@@ -14,8 +14,8 @@ from actors.sampling import SamplingParams
 from deploy.service.detokenize import IncrementalDetokenizer
 from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
 from deploy.service.metrics import ServiceMetrics
-from deploy.spec.engine import GenerationResult, SpeculativeEngine
-from deploy.spec.scheduler import BatchScheduler
+from deploy.engine.engine import GenerationResult, SpeculativeEngine
+from deploy.engine.scheduler import BatchScheduler
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 

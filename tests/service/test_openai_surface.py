@@ -10,7 +10,7 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.service.openai_api import ignored_fields_header
-from deploy.spec.engine import SpeculativeEngine
+from deploy.engine.engine import SpeculativeEngine
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MODEL = "smollm2-135m"

@@ -11,7 +11,7 @@ import pytest
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.spec.engine import SpeculativeEngine
+from deploy.engine.engine import SpeculativeEngine
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MODEL = "smollm2-135m"

@@ -5,7 +5,7 @@ import pytest
 
 from deploy.service.grpc_api import response
 from deploy.service.openai_api import completion_body, usage_chunk_body
-from deploy.spec.engine import GenerationResult, RoundTrace
+from deploy.engine.engine import GenerationResult, RoundTrace
 from tests.service.test_service import MODEL, post
 
 # a text with no repeats inside it (prompt lookup finds nothing): only a past request can draft it

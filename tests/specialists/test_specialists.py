@@ -154,7 +154,7 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
     equal to plain decoding."""
     from actors.pool import build_drafters, pool_drafters
     from actors.specialists import specialists_root
-    from deploy.spec.engine import SpeculativeEngine
+    from deploy.engine.engine import SpeculativeEngine
     from deploy.specialists.build import build_datastore, build_distilled
     from deploy.specialists.corpus import target_outputs
     from deploy.specialists.tasks import training_prompts

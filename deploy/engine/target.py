@@ -3,11 +3,11 @@
 `forward(cache, token_ids)` appends positions to a per-request DynamicCache and returns the logits
 of every new position ([n, V], float32 on CPU); `crop` (actors/kv_cache.py) rolls rejected
 positions back. `forward(..., parents=)` runs a token tree instead of a chain (several drafts in
-one pass; deploy/spec/draft_tree.py): each new position attends to the prefix, its ancestors and
+one pass; deploy/engine/draft_tree.py): each new position attends to the prefix, its ancestors and
 itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
 `forward_batch(kv, rows)` is the engine's forward: many requests' new positions (chains or trees)
-in one pass on a paged KV store (deploy/spec/paged_kv.py), each row's logits returned apart;
-`batch_profile` times it by its packed positions (goodput control, deploy/spec/goodput.py).
+in one pass on a paged KV store (deploy/engine/paged_kv.py), each row's logits returned apart;
+`batch_profile` times it by its packed positions (goodput control, deploy/engine/goodput.py).
 Input problems raise InvalidRequestError naming the field.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from actors.eagle_head import feature_layers
 from actors.errors import InvalidRequestError
 from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
-from deploy.spec.chat_messages import normalize_messages, template_knows_tools
-from deploy.spec.draft_tree import attention_allowed, depths_of
-from deploy.spec.paged_kv import PagedBatch, PagedKV, PagedSequence, install_paged_attention
+from deploy.engine.chat_messages import normalize_messages, template_knows_tools
+from deploy.engine.draft_tree import attention_allowed, depths_of
+from deploy.engine.paged_kv import PagedBatch, PagedKV, PagedSequence, install_paged_attention
 
 
 @dataclass
@@ -90,7 +90,7 @@ class TargetModel:
         return list(ids)
 
     def _encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """OpenAI-style messages (deploy/spec/chat_messages.py) through the model's chat template."""
+        """OpenAI-style messages (deploy/engine/chat_messages.py) through the model's chat template."""
         template = getattr(self.tokenizer, "chat_template", None)
         rendered = normalize_messages(messages, template_knows_tools(template if isinstance(template, str) else None))
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False)
@@ -141,7 +141,7 @@ class TargetModel:
     def forward_batch(self, kv: PagedKV, rows: Sequence[BatchRow], features: bool = False) -> list[torch.Tensor]:
         """One forward over every row's new positions, packed into one sequence (no padding in the
         linear layers); each attends to its own request's cache and its own earlier (or ancestor)
-        new positions only (deploy/spec/paged_kv.py). -> per row, the logits [logits_for, V]
+        new positions only (deploy/engine/paged_kv.py). -> per row, the logits [logits_for, V]
         (float32, CPU). `features`: also set each row's `features`, the hidden states entering the
         feature layers (actors/eagle_head.feature_layers: a low, a middle and a high layer),
         concatenated, of each of its new positions ([n, 3H], float16, CPU: what an EAGLE-3 head

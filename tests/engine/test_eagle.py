@@ -16,10 +16,10 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.bench.runs import eagle_head_params
-from deploy.spec.draft_tree import DraftTree
-from deploy.spec.engine import SpeculativeEngine
-from deploy.spec.scheduler import BatchScheduler
-from deploy.spec.tree_verify import verify_tree
+from deploy.engine.draft_tree import DraftTree
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.tree_verify import verify_tree
 from deploy.specialists.corpus import target_outputs
 from deploy.specialists.eagle import _ttt_attention, build_eagle, train_eagle
 from deploy.specialists.eagle_corpus import build_shards, read_shard, shard_path

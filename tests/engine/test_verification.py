@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import deploy.spec.verify as verify_module
+import deploy.engine.verify as verify_module
 from actors.proposal import SparseDist
 from actors.sampling import SamplingParams
-from deploy.spec.verify import greedy_accept, residual_distribution, speculative_accept, verify
+from deploy.engine.verify import greedy_accept, residual_distribution, speculative_accept, verify
 
 SAMPLES = 120_000
 P = torch.tensor([[0.40, 0.30, 0.15, 0.10, 0.05],    # p_1

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from actors.sampling import SamplingParams
-from deploy.spec.engine import ABORT, GenerationResult, RequestState, SpeculativeEngine
+from deploy.engine.engine import ABORT, GenerationResult, RequestState, SpeculativeEngine
 
 logger = logging.getLogger("specfleet")
 

@@ -7,7 +7,7 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import Proposal
 from actors.sampling import SamplingParams
-from deploy.spec.engine import SpeculativeEngine
+from deploy.engine.engine import SpeculativeEngine
 from policy.registry import BASE_POLICY_NAMES
 from tests.conftest import CHAT_PROMPTS
 
@@ -133,7 +133,7 @@ def test_an_engine_deciding_as_on_a_flat_cost_device_stays_lossless_and_scales_o
     from actors.proposal import is_model_free
     from deploy.bench.cost_profile import CostProfile
     from deploy.bench.device_costs import DeviceCosts
-    from deploy.spec.cost_model import max_positions
+    from deploy.engine.cost_model import max_positions
 
     path = tmp_path / "flat.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.0}}))

@@ -22,8 +22,8 @@ import torch
 
 from actors.proposal import SparseDist
 from actors.sampling import SamplingParams, warp_probs
-from deploy.spec.draft_tree import ROOT, DraftTree
-from deploy.spec.verify import dense_q, draft_overlaps, residual_distribution
+from deploy.engine.draft_tree import ROOT, DraftTree
+from deploy.engine.verify import dense_q, draft_overlaps, residual_distribution
 
 
 @dataclass(frozen=True)

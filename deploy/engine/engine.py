@@ -1,17 +1,17 @@
 """The speculative engine: the draft -> verify -> accept round of one request or of a batch.
 
 `iterate(requests)` is one round of every request in it (`step` and `run`: a batch of one; the
-scheduler, deploy/spec/scheduler.py, batches many), as named calls:
+scheduler, deploy/engine/scheduler.py, batches many), as named calls:
 
     draft    one coordinator call for the batch (`draft_batch`): each request's newly committed
              tokens and previous round's feedback go in, its chosen drafter's draft (and with the
              `counterfactual` and `tree` verification modes, every model-free drafter's draft as a
              shadow) comes out
     choose   alone: each draft cut to the length whose expected yield pays for its forward
-             (deploy/spec/draft_length.py); in `tree` mode the tree of every draft, the best
+             (deploy/engine/draft_length.py); in `tree` mode the tree of every draft, the best
              rated first, cut node by node; the drafts not chosen stay shadows. In a batch of
              several (`choose_batch`): the batch's most likely draft nodes, as many as maximise
-             its expected tokens per second (deploy/spec/goodput.py)
+             its expected tokens per second (deploy/engine/goodput.py)
     verify   one target forward over every request's [last token, draft] (or its drafts' token
              tree), packed, on paged KV caches (`plan`, `TargetModel.forward_batch`); p computed
              once from each request's logits; `verify` / `verify_tree` accept losslessly
@@ -19,7 +19,7 @@ scheduler, deploy/spec/scheduler.py, batches many), as named calls:
              that reads the target's features (actors/eagle.py), the forward's features of
              the prefill and of each accepted path are kept and ride on the next call
     learn    each verified draft's reward (computed here, where the timings are) and the
-             shadows scored against the output as it is committed (deploy/spec/counterfactual.py)
+             shadows scored against the output as it is committed (deploy/engine/counterfactual.py)
              become the feedback that rides on the next coordinator call; the draft-length
              statistics learn from both
     commit   the round's tokens are emitted, honouring EOS, max_tokens and stop strings (with
@@ -30,7 +30,7 @@ none when a model-free draft in hand already promises more (drafting in one proc
 sequential: the coordinator drafts the cheap drafters first and defers the model drafter to a
 second call, sized here). The no-draft arm, empty proposals or a one-token budget make the round a
 plain target step. What forwards and drafting cost comes from the cost model
-(deploy/spec/cost_model.py; a batch's, `BatchCosts`, and the rewards it charges, `BatchPricing`).
+(deploy/engine/cost_model.py; a batch's, `BatchCosts`, and the rewards it charges, `BatchPricing`).
 Greedy output equals plain decoding token for token, alone or in a batch; sampled output follows
 the target's distribution. A request whose caller has left (`run(abandoned=...)`) ends before its
 next round, its cache and drafter sessions freed. Rounds are serialised by one lock (the paged KV
@@ -51,16 +51,16 @@ from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import BRANCH, Proposal, Proposer
 from actors.sampling import SamplingParams, warp_probs
-from deploy.spec.cost_model import MAX_PADDING, BatchCosts, ForwardCosts, max_positions
-from deploy.spec.counterfactual import CounterfactualScorer, ShadowScore
-from deploy.spec.draft_length import DraftLengths
-from deploy.spec.draft_tree import ROOT, DraftTree
-from deploy.spec.goodput import batch_draft_nodes
-from deploy.spec.logprobs import TokenLogprob, token_logprobs
-from deploy.spec.paged_kv import PagedSequence
-from deploy.spec.target import BatchRow, TargetModel
-from deploy.spec.tree_verify import per_draft_outcome, verify_tree
-from deploy.spec.verify import draft_overlaps, verify
+from deploy.engine.cost_model import MAX_PADDING, BatchCosts, ForwardCosts, max_positions
+from deploy.engine.counterfactual import CounterfactualScorer, ShadowScore
+from deploy.engine.draft_length import DraftLengths
+from deploy.engine.draft_tree import ROOT, DraftTree
+from deploy.engine.goodput import batch_draft_nodes
+from deploy.engine.logprobs import TokenLogprob, token_logprobs
+from deploy.engine.paged_kv import PagedSequence
+from deploy.engine.target import BatchRow, TargetModel
+from deploy.engine.tree_verify import per_draft_outcome, verify_tree
+from deploy.engine.verify import draft_overlaps, verify
 from policy.coordinator import Coordinator, DraftCall, DraftRound, Feedback, RoundFeedback
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 from policy.reward import BD, COST, round_reward
@@ -223,7 +223,7 @@ class SpeculativeEngine:
         costs: ForwardCosts | None = None,
     ) -> None:
         """cut_drafts: verify only as much of each draft as pays for its forward (and in `tree`
-        mode the nodes that pay, deploy/spec/draft_length.py); False verifies every drafted token
+        mode the nodes that pay, deploy/engine/draft_length.py); False verifies every drafted token
         of the chosen draft. A sampled request with a seed always verifies the chosen draft whole:
         cuts depend on measured times, and its output must depend on the seed alone. costs: the
         cost model (default: this machine's, measured on the target)."""
@@ -237,11 +237,11 @@ class SpeculativeEngine:
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
         self._lock = threading.RLock()  # the paged KV store: one forward (or release) at a time
-        self.kv = target.new_paged_kv()  # every request's cache, paged (deploy/spec/paged_kv.py)
+        self.kv = target.new_paged_kv()  # every request's cache, paged (deploy/engine/paged_kv.py)
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
-        # how many of each draft's tokens to verify, learned from the verifications (deploy/spec/draft_length.py)
+        # how many of each draft's tokens to verify, learned from the verifications (deploy/engine/draft_length.py)
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
         self.batch_costs: BatchCosts | None = None  # set by enable_batching (a scheduler's engine)
 
@@ -313,7 +313,7 @@ class SpeculativeEngine:
             return traces
 
     def enable_batching(self) -> None:
-        """Measure the batch forward's costs (deploy/spec/cost_model.BatchCosts): from then on a
+        """Measure the batch forward's costs (deploy/engine/cost_model.BatchCosts): from then on a
         batch of several requests is cut by its goodput (`choose_batch`)."""
         if self.batch_costs is None:
             self.batch_costs = BatchCosts(self.target)
@@ -331,7 +331,7 @@ class SpeculativeEngine:
     def choose_batch(self, requests: Sequence[RequestState], drafted: Sequence[Drafts]) -> list[DraftRound]:
         """What each request of a batch verifies: of all their drafts' nodes (the chosen drafts';
         in `tree` mode every draft's), the most likely ones, as many as maximise the batch's
-        expected tokens per second (deploy/spec/goodput.py). A request that must verify its
+        expected tokens per second (deploy/engine/goodput.py). A request that must verify its
         draft whole (`cutting` off) is priced as it stands."""
         base_positions, base_expected = len(requests), float(len(requests))
         offers: list[tuple[list[Proposal], DraftTree, list[int], list[float]] | None] = []
@@ -612,7 +612,7 @@ class SpeculativeEngine:
 
     def _model_tokens(self, drafter: str, in_hand: Sequence[Proposal]) -> int:
         """How many tokens to ask a model drafter for, its drafting time counted: none when a draft
-        in hand already promises more tokens per second (deploy/spec/draft_length.py); k until its
+        in hand already promises more tokens per second (deploy/engine/draft_length.py); k until its
         drafting has been timed."""
         per_token_s = self.draft_s_per_token.get(drafter)
         if per_token_s is None:

@@ -6,9 +6,9 @@ import torch
 from actors.errors import InvalidRequestError
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.spec.cost_model import max_positions
-from deploy.spec.engine import SpeculativeEngine
-from tests.spec.test_counterfactual import FixedCosts
+from deploy.engine.cost_model import max_positions
+from deploy.engine.engine import SpeculativeEngine
+from tests.engine.test_counterfactual import FixedCosts
 
 pytestmark = pytest.mark.model
 MESSAGES = [{"role": "user", "content": "Repeat exactly: the red fox ran to the river, and the red fox ran to the "

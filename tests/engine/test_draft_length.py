@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 
 from actors.proposal import Proposal, SparseDist
-from deploy.spec.draft_length import DraftLengths
+from deploy.engine.draft_length import DraftLengths
 
 PLAIN_S = 0.040
 

@@ -1,7 +1,7 @@
-"""Goodput control (deploy/spec/goodput.py): a batch verifies the draft nodes most likely accepted,
+"""Goodput control (deploy/engine/goodput.py): a batch verifies the draft nodes most likely accepted,
 across requests, as many as raise the batch's expected tokens per second; when positions are
 nearly free every draft is verified, when each costs what a plain step does none is."""
-from deploy.spec.goodput import batch_draft_nodes
+from deploy.engine.goodput import batch_draft_nodes
 
 PROBABILITIES = [[0.9, 0.5], [0.8, 0.1]]  # two requests' draft nodes, most likely first
 

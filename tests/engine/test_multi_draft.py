@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-import deploy.spec.tree_verify as tree_verify_module
+import deploy.engine.tree_verify as tree_verify_module
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import SparseDist
 from actors.sampling import SamplingParams
-from deploy.spec.draft_tree import ROOT, DraftTree, attention_allowed
-from deploy.spec.engine import SpeculativeEngine
-from deploy.spec.tree_verify import per_draft_outcome, recursive_rejection, verify_tree
+from deploy.engine.draft_tree import ROOT, DraftTree, attention_allowed
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.tree_verify import per_draft_outcome, recursive_rejection, verify_tree
 from tests.conftest import CHAT_PROMPTS
 
 SAMPLES = 120_000
@@ -160,7 +160,7 @@ def test_node_cut_trees_on_a_flat_cost_device_reproduce_plain_greedy_decoding(ta
 
     from deploy.bench.cost_profile import CostProfile
     from deploy.bench.device_costs import DeviceCosts
-    from deploy.spec.cost_model import max_positions
+    from deploy.engine.cost_model import max_positions
 
     path = tmp_path / "flat.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.004, "chain": {"1": 1.0, "40": 1.05}}))

@@ -3,7 +3,7 @@ the chat template has them; every refusal names the field."""
 import pytest
 
 from actors.errors import InvalidRequestError
-from deploy.spec.chat_messages import normalize_messages, template_knows_tools
+from deploy.engine.chat_messages import normalize_messages, template_knows_tools
 
 TOOL_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>{{ m['content'] }}"
                  "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"

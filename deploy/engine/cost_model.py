@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deploy.spec.target import TargetModel
+from deploy.engine.target import TargetModel
 from policy.coordinator import DraftRound
 
 MAX_PADDING = 4  # throwaway positions a forward may be padded with when a larger size is cheaper

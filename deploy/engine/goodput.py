@@ -2,7 +2,7 @@
 batch's expected tokens per second is the highest (SmartSpec's goodput; 0 = a plain step).
 
 Every draft node of the batch (a chain's positions, a tree's nodes) carries its P(accepted)
-(deploy/spec/draft_length.py). Verifying N more nodes costs the batch forward N more positions,
+(deploy/engine/draft_length.py). Verifying N more nodes costs the batch forward N more positions,
 whatever request they belong to, so for each total N the best nodes to verify are the N most
 likely of the whole batch; `batch_draft_nodes` takes the N with the most expected tokens per
 second, (base_expected + their P) / cost_s(base_positions + N). A node is never more likely than

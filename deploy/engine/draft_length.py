@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from actors.proposal import Proposal
-from deploy.spec.draft_tree import ROOT, DraftTree
+from deploy.engine.draft_tree import ROOT, DraftTree
 
 PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic enough to try it)
 WEIGHT = 2.0  # pseudo-counts behind PRIOR
@@ -81,7 +81,7 @@ class DraftLengths:
 
     def tree_rate(self, proposals: Sequence[Proposal]) -> float:
         """Expected tokens emitted per second if these drafts are verified together as one token
-        tree (deploy/spec/draft_tree.py), with each node's P(accepted) from `node_probabilities`:
+        tree (deploy/engine/draft_tree.py), with each node's P(accepted) from `node_probabilities`:
         what `select_tree` maximises over the tree's cuts."""
         tree, accepted = self.node_probabilities(proposals)
         return (1.0 + sum(accepted)) / self.cost_s(tree.size + 1)

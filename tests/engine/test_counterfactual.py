@@ -13,9 +13,9 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import Proposal
 from actors.sampling import SamplingParams
-from deploy.spec.cost_model import ForwardCosts, max_positions
-from deploy.spec.counterfactual import CounterfactualScorer
-from deploy.spec.engine import SpeculativeEngine
+from deploy.engine.cost_model import ForwardCosts, max_positions
+from deploy.engine.counterfactual import CounterfactualScorer
+from deploy.engine.engine import SpeculativeEngine
 from policy.bandit import ArmStats
 from policy.coordinator import PLAIN_ROUND, Coordinator, DraftRound
 from policy.registry import PRIOR_WEIGHT, PRIOR_WEIGHT_PULLED, parse_policy

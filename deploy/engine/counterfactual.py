@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actors.proposal import Proposal
-from deploy.spec.verify import draft_overlaps
+from deploy.engine.verify import draft_overlaps
 
 
 @dataclass

@@ -10,10 +10,10 @@ import torch
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.spec.engine import ABORT, SpeculativeEngine
-from deploy.spec.paged_kv import PagedKV, PagedSequence
-from deploy.spec.scheduler import BatchScheduler
-from deploy.spec.target import BatchRow
+from deploy.engine.engine import ABORT, SpeculativeEngine
+from deploy.engine.paged_kv import PagedKV, PagedSequence
+from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.target import BatchRow
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
