@@ -18,11 +18,10 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
 from cluster.drafter_actor import named_drafters
 from cluster.local import NAMESPACE
-from policy.coordinator import PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
+from policy.coordinator import DRAFT_TIMEOUT_S, PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 
 COORDINATOR_NAME = "specfleet:coordinator"
-DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft
 
 
 class CoordinatorActor:
@@ -266,7 +265,7 @@ def connect_coordinator() -> "RemoteCoordinator":
 
 
 class RemoteCoordinator:
-    """The engine-facing interface (`propose_batch`, `finish`, `reward_kind`) over the coordinator actor.
+    """The engine's `DraftCoordinator` (deploy/engine/coordination.py) over the coordinator actor.
     If the actor fails a call (it crashed; Ray restarts it), the request carries on with plain
     target steps to its end, still exact; later requests use the restarted coordinator."""
 
@@ -306,6 +305,10 @@ class RemoteCoordinator:
             rounds[i] = round_
         self.wants_features = any(round_.features_wanted for round_ in answered)  # the pool grows and shrinks
         return rounds
+
+    def draft_deferred(self, request_id, tokens, sampling) -> tuple:
+        """Never asked: the actor drafts every arm of a round in parallel and defers none."""
+        return ()
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
         import ray

@@ -33,7 +33,9 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                              f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)})")
     parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
-    parser.add_argument("--k", type=int, default=7, help="max tokens drafted per round")
+    from deploy.engine.defaults import K
+
+    parser.add_argument("--k", type=int, default=K, help="max tokens drafted per round")
 
 
 def _pool_arg(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from actors.models import DEFAULT_MODEL, DTYPES
 from actors.pool import DRAFTER_KINDS, is_drafter_kind
+from deploy.engine.defaults import MAX_BATCH, MAX_K, MAX_PADDING, K
+from policy.coordinator import DRAFT_TIMEOUT_S, REQUEST_TTL_S
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy
 
 
@@ -82,16 +84,16 @@ class ServiceConfig(BaseModel):
         min_length=1,
     )
     placement: PlacementConfig = PlacementConfig()
-    draft_timeout_s: float = Field(default=5.0, gt=0)  # a drafter answering later costs the round its draft; it is marked down
-    request_ttl_s: float = Field(default=60.0, gt=0)  # a request without a round for this long is over (its replica died)
+    draft_timeout_s: float = Field(default=DRAFT_TIMEOUT_S, gt=0)  # a drafter answering later costs the round its draft; it is marked down
+    request_ttl_s: float = Field(default=REQUEST_TTL_S, gt=0)  # a request without a round for this long is over (its replica died)
     policy: str = DEFAULT_POLICY  # the bandit and its reward (policy/registry.py)
     verify: str = DEFAULT_VERIFY  # how a round's drafts are verified: chosen | counterfactual | tree
-    k: int = Field(default=7, ge=1, le=32)
-    max_padding: int = Field(default=4, ge=0, le=16)
+    k: int = Field(default=K, ge=1, le=MAX_K)
+    max_padding: int = Field(default=MAX_PADDING, ge=0, le=16)
     served_model_name: str | None = None
     sampling: SamplingDefaults = SamplingDefaults()
     max_request_bytes: int = Field(default=1 << 20, ge=1024)  # larger HTTP bodies get 413
-    max_ongoing_requests: int = Field(default=32, ge=1)  # requests a target replica batches at once
+    max_ongoing_requests: int = Field(default=MAX_BATCH, ge=1)  # requests a target replica batches at once
     max_queued_requests: int = Field(default=64, ge=1)  # requests waiting for a replica; past it 503 + Retry-After
     request_metrics: bool = False  # per-request speculative metrics (per_drafter, timing) in responses: opt-in
     grpc_reflection: bool = False  # gRPC server reflection on Serve's proxy (grpcurl discovery); off: it answers without a key

@@ -15,6 +15,8 @@ import json
 from collections.abc import Sequence
 
 from actors.errors import InvalidRequestError
+from deploy.engine.defaults import MAX_BATCH, MAX_K, MAX_PADDING, K
+from policy.coordinator import DRAFT_TIMEOUT_S, REQUEST_TTL_S
 
 # flag -> (config path, type, help). The YAML (`--config`) stays the full form; these override it.
 SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
@@ -23,17 +25,17 @@ SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
     "--target-resources": (("target", "resources"), "json", 'custom Ray resources per target replica as JSON, e.g. {"specfleet_target": 1}'),
     "--policy": (("policy",), str, "the bandit and its reward, e.g. metasd-ucb-cost-warm (default), metasd-ucb-cost, thompson, fixed:ngram"),
     "--verify": (("verify",), str, "how a round's drafts are verified: chosen, counterfactual, tree (default)"),
-    "--k": (("k",), int, "the most tokens a drafter drafts per round (1..32; default 7)"),
-    "--max-padding": (("max_padding",), int, "extra rows a verification forward may pad to a faster size (0..16; default 4)"),
+    "--k": (("k",), int, f"the most tokens a drafter drafts per round (1..{MAX_K}; default {K})"),
+    "--max-padding": (("max_padding",), int, f"extra rows a verification forward may pad to a faster size (0..16; default {MAX_PADDING})"),
     "--served-model-name": (("served_model_name",), str, "the model name clients send and /v1/models lists (default: the MODEL)"),
     "--api-key-file": (("api_key_file",), str, "a file of API keys, one a line, required on /v1/* (or set SPECFLEET_API_KEYS)"),
     "--max-tokens": (("sampling", "max_tokens"), int, "default max_tokens of a request that sends none (default 128)"),
     "--temperature": (("sampling", "temperature"), float, "default temperature of a request that sends none (default 0: greedy)"),
     "--top-p": (("sampling", "top_p"), float, "default top_p of a request that sends none (default 1)"),
-    "--draft-timeout-s": (("draft_timeout_s",), float, "a drafter answering later than this loses the round's draft and is marked down (default 5)"),
-    "--request-ttl-s": (("request_ttl_s",), float, "a request without a round for this long is over (its replica died; default 60)"),
+    "--draft-timeout-s": (("draft_timeout_s",), float, f"a drafter answering later than this loses the round's draft and is marked down (default {DRAFT_TIMEOUT_S:g})"),
+    "--request-ttl-s": (("request_ttl_s",), float, f"a request without a round for this long is over (its replica died; default {REQUEST_TTL_S:g})"),
     "--max-request-bytes": (("max_request_bytes",), int, "larger HTTP bodies get 413 (default 1 MiB)"),
-    "--max-ongoing-requests": (("max_ongoing_requests",), int, "requests a target replica batches at once (default 32)"),
+    "--max-ongoing-requests": (("max_ongoing_requests",), int, f"requests a target replica batches at once (default {MAX_BATCH})"),
     "--max-queued-requests": (("max_queued_requests",), int, "requests waiting for a target replica; past it HTTP 503 with "
                                                             "Retry-After, gRPC RESOURCE_EXHAUSTED (default 64)"),
     "--request-metrics": (("request_metrics",), bool, "put each request's speculative metrics (per drafter acceptance, "

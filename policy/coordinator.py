@@ -55,6 +55,7 @@ from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, TREE, parse_policy
 
 REQUEST_TTL_S = 60.0  # a request without a call for this long is over (its target died)
+DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft (the coordinator actor)
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ MODULES = source_modules()
 GRAPH = {name: project_imports(path, MODULES) - {name} for name, path in MODULES.items()}
 
 
-def test_the_check_sees_the_engine_import_the_verifier_and_the_cli_import_the_engine():
-    assert "deploy.engine.verify" in GRAPH["deploy.engine.engine"]
+def test_the_check_sees_acceptance_import_the_verifier_and_the_cli_import_the_engine():
+    assert "deploy.engine.verify" in GRAPH["deploy.engine.acceptance"]
     assert "deploy.engine.engine" in GRAPH["deploy.cli"] or any("deploy.engine" in m for m in GRAPH["deploy.cli"])
 
 

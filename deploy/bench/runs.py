@@ -29,6 +29,7 @@ from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
 from deploy.bench.service import ServiceRun
 from deploy.engine.cost_model import max_positions
+from deploy.engine.defaults import K
 from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.target import TargetModel
 from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, run_drafters, split_run_policy
@@ -102,7 +103,7 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     runs: str | Sequence[str] = DEFAULT_RUNS,
     max_tokens: int = 128,
-    k: int = 7,
+    k: int = K,
     drafters: str | Sequence[str] = DEFAULT_DRAFTERS,
     draft_model=None,
     progress: bool = True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deploy.bench.cost_profile import CostProfile
-from deploy.engine.engine import GenerationResult
+from deploy.engine.request import GenerationResult
 
 
 @dataclass(frozen=True)

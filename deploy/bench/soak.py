@@ -267,9 +267,9 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
     from cluster.coordinator_actor import connect_coordinator
     from cluster.drafter_actor import named_drafters
     from deploy.config import ServiceConfig
-    from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
     from deploy.engine.engine import SpeculativeEngine
     from deploy.engine.target import TargetModel
+    from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
 
     args = load_serve_config(DEFAULT_CONFIG)[0]
     config = ServiceConfig.model_validate(args)

@@ -21,6 +21,7 @@ import time
 import torch
 
 from actors.models import load_causal_lm
+from deploy.engine.defaults import K
 from deploy.engine.draft_tree import ROOT, DraftTree
 from deploy.engine.target import TargetModel
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--k", type=int, default=K)
     parser.add_argument("--widths", default="1,2,3,4")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=None)

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from deploy.engine.defaults import MAX_PADDING
 from deploy.engine.target import TargetModel
 from policy.coordinator import DraftRound
-
-MAX_PADDING = 4  # throwaway positions a forward may be padded with when a larger size is cheaper
 
 
 def max_positions(k: int, max_padding: int = MAX_PADDING) -> int:

@@ -33,12 +33,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from actors.sampling import SamplingParams
-from deploy.engine.engine import ABORT, GenerationResult, RequestState, SpeculativeEngine
+from deploy.engine.defaults import MAX_BATCH, PREFILL_TOKENS
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.request import ABORT, GenerationResult, RequestState
 
 logger = logging.getLogger("specfleet")
-
-MAX_BATCH = 32
-PREFILL_TOKENS = 512
 
 
 @dataclass

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
-from deploy.service.detokenize import IncrementalDetokenizer
-from deploy.engine.engine import ABORT, GenerationResult
+from deploy.engine.request import ABORT, GenerationResult
 from deploy.engine.scheduler import BatchScheduler
 from deploy.engine.target import TargetModel
+from deploy.service.detokenize import IncrementalDetokenizer
 
 logger = logging.getLogger("specfleet")
 

@@ -22,12 +22,12 @@ import grpc
 
 from actors.errors import InvalidRequestError, TargetUnavailableError
 from actors.sampling import SamplingParams
+from deploy.engine.request import GenerationResult
+from deploy.engine.target import TargetModel
 from deploy.service.auth import AuthenticationError
 from deploy.service.generation import request_field, sampling_for
 from deploy.service.openai_api import spec_metrics, usage
 from deploy.service.proto import specfleet_pb2 as pb
-from deploy.engine.engine import GenerationResult
-from deploy.engine.target import TargetModel
 
 STATUS_ERRORS = (InvalidRequestError, AuthenticationError, TargetUnavailableError)
 _OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "seed")

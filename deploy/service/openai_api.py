@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actors.sampling import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, SEED_RANGE
 from deploy.engine.chat_messages import CHAT_ROLES
-from deploy.engine.engine import GenerationResult
 from deploy.engine.logprobs import TokenLogprob
+from deploy.engine.request import GenerationResult
 
 IGNORED_FIELDS_HEADER = "specfleet-ignored-fields"
 MAX_NAMED_IGNORED = 16  # names in that header at most

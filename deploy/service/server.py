@@ -42,6 +42,9 @@ from actors.models import load_causal_lm
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.config import DrafterConfig, ServiceConfig
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.target import TargetModel
 from deploy.service.asgi_bridge import call_asgi
 from deploy.service.auth import ApiKeys, refusal
 from deploy.service.generation import Finished, TrackedEngine, generate, request_field, sampling_for, stream
@@ -64,9 +67,6 @@ from deploy.service.openai_api import (
     validation_error_body,
 )
 from deploy.service.openapi import ADMIN_ERRORS, STREAMED, V1_ERRORS, install_schema, json_body
-from deploy.engine.engine import SpeculativeEngine
-from deploy.engine.scheduler import BatchScheduler
-from deploy.engine.target import TargetModel
 from policy.coordinator import Coordinator
 
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)

@@ -173,7 +173,7 @@ def test_a_profiled_round_charges_its_drafters_in_parallel_as_actors_on_their_ow
     import json
 
     from deploy.bench.cost_profile import CostProfile
-    from deploy.engine.engine import GenerationResult, RoundTrace
+    from deploy.engine.request import GenerationResult, RoundTrace
 
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"device": "cuda", "plain_step_s": 0.02, "chain": {"1": 1.0, "8": 1.0}}))

@@ -10,8 +10,9 @@ import torch
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.engine.engine import ABORT, SpeculativeEngine
+from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.paged_kv import PagedKV, PagedSequence
+from deploy.engine.request import ABORT
 from deploy.engine.scheduler import BatchScheduler
 from deploy.engine.target import BatchRow
 from tests.conftest import CHAT_PROMPTS

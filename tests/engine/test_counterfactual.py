@@ -183,11 +183,11 @@ def test_a_tree_round_verifies_the_uncut_drafts_node_by_node_and_shadows_those_l
     # 6 positions cost 1.05 plain steps, 7 or more 1.3
     engine, first, second, wrong = engine_with_three_drafts(target, tmp_path, {"1": 1.0, "4": 1.0, "6": 1.05, "40": 1.3})
     uncut = DraftRound((first,), (second, wrong), verify="tree")
-    picked = engine.choose(uncut, cutting=True)
+    picked = engine.planner.choose(uncut, cutting=True)
     # the tree of the whole drafts (5 nodes, 6 positions), not of their cuts; 'wrong' stays a shadow, as cut
     assert picked.proposals == (first, second) and picked.shadows == (engine.draft_lengths.cut(wrong),)
     # a counterfactual round verifies its chosen draft (as cut) and only scores the others
-    one = engine.choose(DraftRound((first,), (second, wrong), verify="counterfactual"), cutting=True)
+    one = engine.planner.choose(DraftRound((first,), (second, wrong), verify="counterfactual"), cutting=True)
     assert one.proposals == (engine.draft_lengths.cut(first),) and len(one.shadows) == 2
 
 

@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.service.metrics import ServiceMetrics
 from deploy.engine.cost_model import ForwardCosts, max_positions
 from deploy.engine.engine import SpeculativeEngine
+from deploy.service.metrics import ServiceMetrics
 from tests.conftest import CHAT_PROMPTS
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "specfleet-dashboard.json"

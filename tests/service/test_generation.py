@@ -11,11 +11,12 @@ from starlette.requests import Request
 
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
+from deploy.engine.engine import SpeculativeEngine
+from deploy.engine.request import GenerationResult
+from deploy.engine.scheduler import BatchScheduler
 from deploy.service.detokenize import IncrementalDetokenizer
 from deploy.service.generation import AbandonedError, Finished, StopHoldback, TrackedEngine, stream
 from deploy.service.metrics import ServiceMetrics
-from deploy.engine.engine import GenerationResult, SpeculativeEngine
-from deploy.engine.scheduler import BatchScheduler
 
 PROMPT = "List the days of the week, one per line:\n1. Monday\n2."
 

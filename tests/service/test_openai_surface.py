@@ -9,8 +9,8 @@ import pytest
 from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
-from deploy.service.openai_api import ignored_fields_header
 from deploy.engine.engine import SpeculativeEngine
+from deploy.service.openai_api import ignored_fields_header
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 MODEL = "smollm2-135m"

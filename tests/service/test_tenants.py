@@ -3,9 +3,9 @@ cannot tell from its acceptance whether a guessed text is in another client's hi
 per-request speculative metrics appear only when the config opts in."""
 import pytest
 
+from deploy.engine.request import GenerationResult, RoundTrace
 from deploy.service.grpc_api import response
 from deploy.service.openai_api import completion_body, usage_chunk_body
-from deploy.engine.engine import GenerationResult, RoundTrace
 from tests.service.test_service import MODEL, post
 
 # a text with no repeats inside it (prompt lookup finds nothing): only a past request can draft it
