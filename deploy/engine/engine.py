@@ -94,7 +94,7 @@ class SpeculativeEngine:
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         # how many of each draft's tokens to verify, learned from the verifications (deploy/engine/draft_length.py)
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
-        self.planner = DraftPlanner(self.coordinator, k, self.costs, self.draft_lengths)
+        self.planner = DraftPlanner(k, self.costs, self.draft_lengths)
         self.learner = RoundLearner(self.reward_kind, k, self.costs, self.draft_lengths)
 
     def generate(
@@ -136,7 +136,7 @@ class SpeculativeEngine:
         planner = self.planner
         with self._lock:
             start = time.perf_counter()
-            drafted = planner.draft(requests)
+            drafted = planner.draft(self.coordinator, requests)
             batched = len(requests) > 1 and planner.batch_costs is not None
             chosen = (planner.choose_batch(requests, drafted) if batched
                       else [planner.choose(d.round, r.cutting) for r, d in zip(requests, drafted)])

@@ -54,24 +54,24 @@ class ForwardPlan:
 
 
 class DraftPlanner:
-    def __init__(self, coordinator: DraftCoordinator, k: int, costs: ForwardCosts, draft_lengths: DraftLengths) -> None:
-        self.coordinator, self.k, self.costs, self.draft_lengths = coordinator, k, costs, draft_lengths
+    def __init__(self, k: int, costs: ForwardCosts, draft_lengths: DraftLengths) -> None:
+        self.k, self.costs, self.draft_lengths = k, costs, draft_lengths
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         self.batch_costs: BatchCosts | None = None  # a scheduler's engine: a batch of several is cut by its goodput
 
-    def draft(self, requests: Sequence[RequestState]) -> list[Drafts]:
+    def draft(self, coordinator: DraftCoordinator, requests: Sequence[RequestState]) -> list[Drafts]:
         """The coordinator's drafts for every request's round, in one call; a deferred model
         drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""
         calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback,
                            min(self.k, r.sampling.max_tokens - len(r.output) - 1),  # leaves room for the bonus
                            r.sampling, r.cutting, _unsent_features(r)) for r in requests]
-        rounds = self.coordinator.propose_batch(calls)
+        rounds = coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
             if round_.deferred:
                 in_hand = round_.proposals + (round_.shadows if round_.tree else ())
                 asked = {arm: min(call.k, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
-                extra = self.coordinator.draft_deferred(request.request_id, asked, request.sampling)
+                extra = coordinator.draft_deferred(request.request_id, asked, request.sampling)
                 round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
             if any(p.branches for p in round_.proposals):  # a draft tree's chains are verified together
                 round_ = replace(round_, proposals=tuple(c for p in round_.proposals for c in p.chains()))
