@@ -311,18 +311,16 @@ class RemoteCoordinator:
         return ()
 
     def finish(self, request_id, new_tokens=(), feedback=None) -> None:
-        import ray
-        from ray.exceptions import RayError
-
+        """Sent, not awaited: the scheduler's thread goes on with the batch while the actor learns
+        from the feedback and releases the sessions (Ray runs one caller's calls in order, so the
+        next round's call comes after it). If the actor died, its sessions die with it or expire
+        (actors/session.py)."""
         with self._lock:
             degraded = request_id in self.degraded
             self.degraded.discard(request_id)
         if degraded:
             return  # a restarted coordinator never knew it
-        try:
-            ray.get(self.handle.finish.remote(request_id, list(new_tokens), feedback))
-        except RayError:
-            pass  # sessions it held die with the old coordinator's drafter calls or expire (actors/session.py)
+        self.handle.finish.remote(request_id, list(new_tokens), feedback)
 
     def register_replica(self, name: str, placement: dict) -> None:
         import ray
