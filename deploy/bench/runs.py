@@ -2,13 +2,18 @@
 
 Runs (docs/design.md): `ar` (plain target decoding, always first: the baseline), `peer:<name>`
 (Hugging Face transformers' own decoding, deploy/bench/peers.py), `single:<drafter>`,
-`policy:<name>[@<verify>]`, `serve:<name>[@<verify>]` (the same policy through the HTTP service; at most one per
-bench; more are swept one after another) and the computed `oracle` (per task, the best measured single drafter). Prompts are
-interleaved: for each prompt every run generates in turn, so machine noise hits all runs alike;
-each run keeps its own fresh drafter pool (suffix caches learn only from that run's earlier
-prompts) and its own engine. Concurrency levels > 1 (and every serve run after the first) go
-after the interleaved loop: per level, each serve run on a fresh service, then each batching peer
-(`peer:hf-batch`).
+`policy:<name>[@<verify>]`, `batch:<name>[@<verify>]` (the same policy on the engine's batch
+scheduler in a process of its own, no Ray: deploy/bench/batch_run.py), `serve:<name>[@<verify>]`
+(the same policy through the HTTP service, deploy/bench/service.py) and the computed `oracle`
+(per task, the best measured single drafter).
+
+Two phases. First the in-process runs one request at a time, with no Ray cluster up (as a user
+runs them), prompts interleaved: for each prompt every run generates in turn, so machine noise
+hits all runs alike; each run keeps its own fresh drafter pool (suffix caches learn only from
+that run's earlier prompts) and its own engine. Then the sweeps, at every concurrency level:
+per level, each `serve:` run on a fresh service, each `batch:` run in a fresh process, then each
+batching peer (`peer:hf-batch` also runs in the first phase; `peer:hf-cb` only here). A swept
+run's row is `<run>@c<level>`.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
 from actors.proposal import is_model_free
 from actors.sampling import SamplingParams
+from deploy.bench.batch_run import BatchRun
 from deploy.bench.cost_profile import CostProfile
 from deploy.bench.device_costs import DeviceCosts
 from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, available_peers
@@ -55,16 +61,16 @@ def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draf
             if kind == "peer" and name not in available_peers(has_draft_model):
                 raise InvalidRequestError("runs", f"{run!r}: known peers here are {available_peers(has_draft_model)}"
                                                   " (hf-assistant needs --draft-model)")
-            if kind in ("policy", "serve"):
+            if kind in ("policy", "serve", "batch"):
                 policy, verify = split_run_policy(name)
                 parse_policy(policy, run_drafters(name, drafters), verify)
             elif run != "ar" and kind not in ("single", "peer"):
-                raise InvalidRequestError(
-                    "runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, policy:<name>, serve:<name>")
+                raise InvalidRequestError("runs", f"unknown run {run!r}; runs are ar, peer:<name>, single:<drafter>, "
+                                                  "policy:<name>, batch:<name>, serve:<name>")
             if run not in runs:
                 runs.append(run)
-    if any(run.startswith("serve:") for run in runs) and "hf" in drafters:
-        raise InvalidRequestError("runs", "serve runs support the model-free drafters only")
+    if any(run.startswith(("serve:", "batch:")) for run in runs) and "hf" in drafters:
+        raise InvalidRequestError("runs", "serve and batch runs support the model-free drafters only")
     return runs
 
 
@@ -122,12 +128,10 @@ def run_bench(
     if trace_id not in {p.id for p in prompts}:
         raise InvalidRequestError("trace_prompt", f"no prompt with id {trace_id!r}")
     serve_runs = [r for r in run_names if r.startswith("serve:")]
-    serve_run = serve_runs[0] if serve_runs else None  # at concurrency 1 it takes its turn with the in-process runs
-    for run in serve_runs[1:] + ([serve_run] if serve_run and 1 not in levels else []):
-        run_names.remove(run)  # swept only (one service at a time: one coordinator per Ray cluster)
+    batch_runs = [r for r in run_names if r.startswith("batch:")]
     swept_only = [run for run in run_names if run.removeprefix("peer:") in SWEPT_ONLY]
-    for run in swept_only:
-        run_names.remove(run)
+    for run in serve_runs + batch_runs + swept_only:
+        run_names.remove(run)  # swept only: after the in-process phase, at every level
     generators, swept_peers = {}, {}
     draft_scale = 1.0  # a model drafter's drafting seconds here -> on the profile's device
     for run in run_names + swept_only:
@@ -136,7 +140,7 @@ def run_bench(
             generators[run] = swept_peers[run].generate
         elif run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
-        elif not run.startswith("serve:"):
+        else:
             engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
             if profile is not None and run != "ar":  # ar runs without the profile
                 draft_scale = engine.costs.draft_scale
@@ -144,25 +148,21 @@ def run_bench(
     generators["ar"](BenchPrompt("warmup", "warmup", prompt="Warm up the kernels."), 8)
     services = {run: ServiceRun.configure(run.removeprefix("serve:"), drafter_names, k, target.name)
                 for run in serve_runs}
+    batches = {run: BatchRun(run.removeprefix("batch:"), target.name, drafter_names, k, cut_drafts) for run in batch_runs}
     results: dict[str, Samples] = {run: [] for run in run_names}
-    sweeps = [(level, run) for level in levels for run in serve_runs + list(swept_peers)
-              if level > 1 or (run not in run_names and (run.startswith("serve:") or run in swept_only))]
+    sweeps = [(level, run) for level in levels for run in serve_runs + batch_runs + list(swept_peers)
+              if level > 1 or run not in run_names]
     bar = tqdm(total=len(prompts) * (len(run_names) + len(sweeps)), desc="bench", unit="gen", disable=not progress)
     swept: list[tuple[str, int, Samples, float]] = []
     try:
-        if serve_run in run_names:
-            services[serve_run].restart()
-            generators[serve_run] = services[serve_run].generate
         for item in prompts:
             for run in run_names:
                 bar.set_postfix_str(f"{item.id} {run}")
                 results[run].append((item, generators[run](item, max_tokens)))
                 bar.update(1)
-        if serve_run in run_names:
-            services[serve_run].stop()  # one service at a time: each sweep starts its own
-        for level, run in sweeps:  # each level: every service (restarted, then stopped), each batching peer
+        for level, run in sweeps:  # each level: every service (restarted, then stopped), batch process, batching peer
             bar.set_postfix_str(f"{run} at concurrency {level}")
-            runner = services.get(run) or swept_peers[run]
+            runner = services.get(run) or batches.get(run) or swept_peers[run]
             samples, wall_s = runner.sweep(list(prompts), max_tokens, level)
             if run in services:
                 services[run].stop()

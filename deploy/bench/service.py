@@ -1,10 +1,10 @@
 """`serve:<policy>` runs: the local HTTP service (Ray drafter actors, the coordinator actor, the
 Serve replica) on 127.0.0.1, fed the bench prompts.
 
-At concurrency 1 the service takes its turn with the in-process runs, prompt by prompt
-(`generate`). At concurrency c > 1 (`sweep`) the whole prompt set is sent by c client threads
-after the interleaved runs, each level on a restarted service: its suffix cache would otherwise
-hold the answers to these very prompts (measured: 5x "faster" on the replay). Such a run's
+At every concurrency level c (`sweep`, 1 included) the whole prompt set is sent by c client
+threads after the in-process runs (which run with no Ray cluster up), each level on a restarted
+service: its suffix cache would otherwise hold the answers to these very prompts (measured: 5x
+"faster" on the replay). Such a run's
 tokens/s is throughput (all tokens over the wall time); each sample's seconds is that request's
 latency. Requests stream (SSE, as interactive clients do): a sample's `first_token_s` is the
 time to its first chunk of text; the token ids come on the finish chunk (`return_token_ids`)

@@ -132,7 +132,7 @@ def test_a_policy_run_can_leave_drafters_out_of_its_pool_so_one_bench_compares_w
     assert expand_runs(f"policy:{label},serve:{label}", POOL) == ["ar", f"policy:{label}", f"serve:{label}"]
 
 
-@pytest.mark.parametrize("runs", ["serve:nonsense", "peer:vllm", "turbo:ngram", "policy:nonsense",
+@pytest.mark.parametrize("runs", ["serve:nonsense", "batch:nonsense", "peer:vllm", "turbo:ngram", "policy:nonsense",
                                   "policy:metasd-ucb-without-eagle", "policy:metasd-ucb@tree-without-"])
 def test_bad_run_lists_are_rejected_naming_runs(runs):
     with pytest.raises(InvalidRequestError) as err:

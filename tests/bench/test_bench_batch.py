@@ -1,0 +1,33 @@
+"""A bench `batch:` run: the engine's batch scheduler in a process of its own, swept at every
+concurrency level after the in-process runs; each level's row is lossless, a throughput row with
+its concurrency, and its requests were verified in batches (rounds fewer than tokens)."""
+import pytest
+
+from actors.errors import InvalidRequestError
+from deploy.bench.prompts import BenchPrompt
+from deploy.bench.runs import expand_runs, run_bench
+
+pytestmark = pytest.mark.model
+PROMPTS = [BenchPrompt("c1", "code", prompt="def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"),
+           BenchPrompt("t1", "chat", messages=[{"role": "user", "content": "Name three colours."}]),
+           BenchPrompt("t2", "chat", messages=[{"role": "user", "content": "Count from one to five in words."}])]
+
+
+def test_a_batch_run_is_swept_at_every_level_in_its_own_process_and_is_lossless(target):
+    report = run_bench(target, PROMPTS, runs="ar,batch:metasd-ucb-cost", max_tokens=24, drafters="ngram,suffix,none",
+                       concurrency="1,3", progress=False)
+    rows = {row["name"]: row for row in report["runs"]}
+    assert set(rows) >= {"ar", "batch:metasd-ucb-cost@c1", "batch:metasd-ucb-cost@c3"}
+    for level in (1, 3):
+        row = rows[f"batch:metasd-ucb-cost@c{level}"]
+        assert row["lossless"] is True and row["concurrency"] == level and row["tokens"] == rows["ar"]["tokens"]
+        assert row["mean_accepted_length"] > 1.0  # drafts were accepted: fewer rounds than tokens
+    assert report["params"]["concurrency"] == [1, 3]
+
+
+def test_batch_runs_expand_like_policy_runs_and_refuse_a_model_drafter():
+    assert expand_runs("batch:metasd-ucb@tree,serve:metasd-ucb", ["ngram", "none"]) == \
+        ["ar", "batch:metasd-ucb@tree", "serve:metasd-ucb"]
+    with pytest.raises(InvalidRequestError) as err:
+        expand_runs("batch:metasd-ucb", ["ngram", "hf", "none"])
+    assert err.value.field == "runs"
