@@ -202,8 +202,10 @@ def cmd_train_eagle(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from deploy.bench.prompts import load_prompts
     from deploy.engine.target import TargetModel
-    from deploy.specialists.eagle import build_eagle
+    from deploy.specialists.eagle import EPOCHS, VOCABULARY, build_eagle
 
+    args.epochs = EPOCHS if args.epochs is None else args.epochs
+    args.vocabulary = VOCABULARY if args.vocabulary is None else args.vocabulary
     if args.epochs < 1:
         raise InvalidRequestError("epochs", f"must be at least 1, got {args.epochs}")
     if args.vocabulary < 2:
@@ -401,8 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     eagle.add_argument("--shards", default=None, help="which corpus shards, e.g. 0-9 (default: every shard there)")
     eagle.add_argument("--prompts", action="append", default=None,
                        help="a JSONL prompt file (as the bench's) whose answers join the corpus, e.g. your own traffic; repeatable")
-    eagle.add_argument("--epochs", type=int, default=3, help="training epochs over the corpus")
-    eagle.add_argument("--vocabulary", type=int, default=24576, help="the head's vocabulary: the most frequent answer tokens")
+    eagle.add_argument("--epochs", type=int, default=None, help="training epochs over the corpus (default: the recipe's)")
+    eagle.add_argument("--vocabulary", type=int, default=None,
+                       help="the head's vocabulary: the most frequent answer tokens (default: the recipe's)")
     eagle.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
     eagle.add_argument("--max-minutes", type=float, default=None,
                        help="stop after this long with a checkpoint (exit 3); the same command resumes it")
