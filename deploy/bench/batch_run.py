@@ -18,7 +18,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +61,7 @@ def sweep_here(job: dict) -> dict:
         target = TargetModel(load_causal_lm(job["model"]))
         return make_engine(f"policy:{job['label']}", target, job["drafters"], job["k"], cut_drafts=job["cut_drafts"])
 
-    scheduler = BatchScheduler(build, max_batch=max(job["concurrency"], 1))
+    scheduler = BatchScheduler(build, max_batch=job["concurrency"])
     target = scheduler.target
     prompts = [BenchPrompt(**p) for p in job["prompts"]]
     encoded = [target.encode(prompt=p.prompt, messages=p.messages) for p in prompts]
@@ -71,13 +70,11 @@ def sweep_here(job: dict) -> dict:
 
     def one(ids: list[int]) -> Sample:
         start = time.perf_counter()
-        first: list[float] = []
-        lock = threading.Lock()
+        first: list[float] = []  # on_tokens runs in the scheduler's one thread
 
         def on_tokens(tokens: list[int]) -> None:
-            with lock:
-                if not first:
-                    first.append(time.perf_counter() - start)
+            if not first:
+                first.append(time.perf_counter() - start)
 
         result = scheduler.run(ids, greedy, on_tokens)
         return replace(Sample.from_result(result, time.perf_counter() - start), first_token_s=first[0] if first else None)
