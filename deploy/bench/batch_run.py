@@ -6,7 +6,7 @@ scheduler behind Ray Serve).
 At concurrency c, c client threads each submit a request and wait for its result; the run's
 tokens/s is throughput (all tokens over the wall time), each sample's seconds that request's
 latency and `first_token_s` the time to its first emitted tokens. Every level runs in a fresh
-subprocess (`python -m deploy.bench.batch_run`): a fresh pool (empty suffix caches, no bandit
+subprocess (this module's `main`): a fresh pool (empty suffix caches, no bandit
 statistics), and the scheduler's thread the only one of the process that ever ran torch (a
 second thread running torch makes torch's OpenMP runtime throttle its threads: see
 deploy/engine/scheduler.py), as in a server.
@@ -43,7 +43,7 @@ class BatchRun:
             job.write_text(json.dumps({"label": self.label, "model": self.model, "drafters": self.drafters, "k": self.k,
                                        "cut_drafts": self.cut_drafts, "max_tokens": max_tokens, "concurrency": concurrency,
                                        "prompts": [asdict(p) for p in prompts]}))
-            subprocess.run([sys.executable, "-m", "deploy.bench.batch_run", str(job), str(out)], check=True)
+            subprocess.run([sys.executable, "-c", "from deploy.bench.batch_run import main; main()", str(job), str(out)], check=True)
             answer = json.loads(out.read_text())
         samples = [Sample(**(s | {"trace": tuple(tuple(r) for r in s["trace"])})) for s in answer["samples"]]
         return samples, answer["wall_s"]
@@ -53,7 +53,7 @@ def sweep_here(job: dict) -> dict:
     """The sweep a `BatchRun` asks for, run in this process. -> {"samples": [...], "wall_s": ...}."""
     from actors.models import load_causal_lm
     from actors.sampling import SamplingParams
-    from deploy.bench.runs import make_engine
+    from deploy.bench.engines import make_engine
     from deploy.engine.scheduler import BatchScheduler
     from deploy.engine.target import TargetModel
 

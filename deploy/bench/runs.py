@@ -23,22 +23,20 @@ from collections.abc import Sequence
 
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
-from actors.pool import DEFAULT_DRAFTERS, build_drafters, parse_drafter_names
-from actors.proposal import is_model_free
+from actors.pool import DEFAULT_DRAFTERS, parse_drafter_names
 from actors.sampling import SamplingParams
 from deploy.bench.batch_run import BatchRun
 from deploy.bench.cost_profile import CostProfile
-from deploy.bench.device_costs import DeviceCosts
+from deploy.bench.engines import make_engine
 from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
 from deploy.bench.service import ServiceRun
-from deploy.engine.cost_model import max_positions
 from deploy.engine.defaults import K
 from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.target import TargetModel
-from policy.registry import BASE_POLICY_NAMES, CHOSEN, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, run_drafters, split_run_policy
+from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy, run_drafters, split_run_policy
 
 DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY}@{DEFAULT_VERIFY},policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson"
 MAX_CONCURRENCY = 64
@@ -83,25 +81,6 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
     if not values or not all(1 <= v <= MAX_CONCURRENCY for v in values):
         raise InvalidRequestError("concurrency", f"each level must be in 1..{MAX_CONCURRENCY}, got {levels!r}")
     return values
-
-
-def make_engine(run: str, target: TargetModel, drafters: Sequence[str], k: int, draft_model=None,
-                cut_drafts: bool = True, device: CostProfile | None = None) -> SpeculativeEngine:
-    """cut_drafts=False verifies every drafted token (`--no-cut`): each drafter's acceptance at the full k.
-    device: the engine decides as on that device (`--cost-profile`; deploy/bench/device_costs.py)."""
-    if run == "ar":
-        return SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}", k=k, verify=CHOSEN)
-    if run.startswith("single:"):
-        name = run.removeprefix("single:")
-        pool, policy, verify = build_drafters([name], draft_model, target.vocab_size, target.name), f"fixed:{name}", CHOSEN
-    else:
-        label = run.removeprefix("policy:")
-        pool = build_drafters(run_drafters(label, drafters), draft_model, target.vocab_size, target.name)
-        policy, verify = split_run_policy(label)
-    costs = None
-    if device is not None:
-        costs = DeviceCosts(device, target, max_positions(k), [name for name, d in pool.items() if is_model_free(d)])
-    return SpeculativeEngine(target, pool, policy=policy, k=k, cut_drafts=cut_drafts, verify=verify, costs=costs)
 
 
 def run_bench(

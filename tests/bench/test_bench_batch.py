@@ -14,12 +14,13 @@ PROMPTS = [BenchPrompt("c1", "code", prompt="def add(a, b):\n    return a + b\n\
 
 
 def test_a_batch_run_is_swept_at_every_level_in_its_own_process_and_is_lossless(target):
-    report = run_bench(target, PROMPTS, runs="ar,batch:metasd-ucb-cost", max_tokens=24, drafters="ngram,suffix,none",
-                       concurrency="1,3", progress=False)
+    # every drafted token verified (no cost cut, which on a slow machine may verify none at c3): drafts get accepted
+    report = run_bench(target, PROMPTS, runs="ar,batch:fixed:ngram", max_tokens=24, drafters="ngram,none",
+                       concurrency="1,3", progress=False, cut_drafts=False)
     rows = {row["name"]: row for row in report["runs"]}
-    assert set(rows) >= {"ar", "batch:metasd-ucb-cost@c1", "batch:metasd-ucb-cost@c3"}
+    assert set(rows) >= {"ar", "batch:fixed:ngram@c1", "batch:fixed:ngram@c3"}
     for level in (1, 3):
-        row = rows[f"batch:metasd-ucb-cost@c{level}"]
+        row = rows[f"batch:fixed:ngram@c{level}"]
         assert row["lossless"] is True and row["concurrency"] == level and row["tokens"] == rows["ar"]["tokens"]
         assert row["mean_accepted_length"] > 1.0  # drafts were accepted: fewer rounds than tokens
     assert report["params"]["concurrency"] == [1, 3]
