@@ -14,9 +14,9 @@ import torch
 
 from actors.sampling import SamplingParams, warp_probs
 from deploy.engine.logprobs import TokenLogprob, token_logprobs
-from deploy.engine.paged_kv import PagedKV
 from deploy.engine.planner import ForwardPlan
 from deploy.engine.request import RequestState
+from deploy.engine.slot_kv import SlotKV
 from deploy.engine.tree_verify import per_draft_outcome, verify_tree
 from deploy.engine.verify import draft_overlaps, verify
 from policy.coordinator import DraftRound
@@ -48,7 +48,7 @@ class Verdict:
         return len(self.emitted) - 1
 
 
-def accept(kv: PagedKV, request: RequestState, chosen: DraftRound, plan: ForwardPlan, logits: torch.Tensor,
+def accept(kv: SlotKV, request: RequestState, chosen: DraftRound, plan: ForwardPlan, logits: torch.Tensor,
            verify_s: float, with_overlaps: bool) -> Verdict:
     """Accept from the forward's logits (the request's rows) losslessly; the cache keeps the accepted
     path only. with_overlaps: compute each draft's BD overlaps with p (the BD reward)."""

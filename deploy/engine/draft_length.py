@@ -66,10 +66,10 @@ class DraftLengths:
         """l*: the number of the draft's tokens to verify (0 = a plain step instead)."""
         n = min(len(proposal.token_ids), self.max_k)
         best, best_rate = 0, 1.0 / self.cost_s(1)
-        for l, expected in enumerate(self._expected_emitted(proposal, n), start=1):
-            rate = expected / self.cost_s(l + 1)
+        for length, expected in enumerate(self._expected_emitted(proposal, n), start=1):
+            rate = expected / self.cost_s(length + 1)
             if rate > best_rate:
-                best, best_rate = l, rate
+                best, best_rate = length, rate
         return min(n, self.forward_size(best + 1) - 1) if best else 0
 
     def rate(self, proposal: Proposal) -> float:
@@ -158,10 +158,10 @@ class DraftLengths:
         best rate is not above floor_rate (tokens per second of a draft in hand)."""
         probe = Proposal(drafter, token_ids=(0,) * min(k, self.max_k))
         best, best_rate = 0, floor_rate
-        for l, expected in enumerate(self._expected_emitted(probe, len(probe.token_ids)), start=1):
-            rate = expected / (self.cost_s(l + 1) + l * per_token_s)
+        for length, expected in enumerate(self._expected_emitted(probe, len(probe.token_ids)), start=1):
+            rate = expected / (self.cost_s(length + 1) + length * per_token_s)
             if rate > best_rate:
-                best, best_rate = l, rate
+                best, best_rate = length, rate
         return best
 
     @staticmethod

@@ -8,7 +8,7 @@ scheduler, deploy/engine/scheduler.py, batches many). Each part of the round liv
              verifying chosen (alone by the draft lengths' expected yield, in a batch of several
              by its goodput), each request's row of the forward laid out
     verify   one target forward over every request's [last token, draft] (or its drafts' token
-             tree), packed, on paged KV caches (`TargetModel.forward_batch`); while the pool has
+             tree), packed, on slot KV caches (`TargetModel.forward_batch`); while the pool has
              a drafter that reads the target's features (actors/eagle.py), the forward's
              features of the prefill and of each accepted path are kept and ride on the next call
     accept   deploy/engine/acceptance.py: lossless acceptance from the forward's logits (one
@@ -22,7 +22,7 @@ The no-draft arm, empty proposals or a one-token budget make the round a plain t
 forwards and drafting cost comes from the cost model (deploy/engine/cost_model.py). Greedy output
 equals plain decoding token for token, alone or in a batch; sampled output follows the target's
 distribution. A request whose caller has left (`run(abandoned=...)`) ends before its next round,
-its cache and drafter sessions freed. Rounds are serialised by one lock (the paged KV store is
+its cache and drafter sessions freed. Rounds are serialised by one lock (the slot KV store is
 shared by every request of the engine).
 """
 from __future__ import annotations
@@ -47,9 +47,9 @@ from deploy.engine.counterfactual import CounterfactualScorer
 from deploy.engine.defaults import MAX_K, MAX_PADDING, K
 from deploy.engine.draft_length import DraftLengths
 from deploy.engine.learning import RoundLearner, batch_pricing
-from deploy.engine.paged_kv import PagedSequence
 from deploy.engine.planner import DraftPlanner
 from deploy.engine.request import ABORT, GenerationResult, RequestState, RoundTrace
+from deploy.engine.slot_kv import SlotSequence
 from deploy.engine.target import BatchRow, TargetModel
 from policy.coordinator import Coordinator
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
@@ -89,7 +89,7 @@ class SpeculativeEngine:
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
         self._lock = threading.RLock()  # the paged KV store: one forward (or release) at a time
-        self.kv = target.new_paged_kv()  # every request's cache, paged (deploy/engine/paged_kv.py)
+        self.kv = target.new_kv()  # every request's cache, in slots (deploy/engine/slot_kv.py)
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         # how many of each draft's tokens to verify, learned from the verifications (deploy/engine/draft_length.py)
@@ -129,24 +129,33 @@ class SpeculativeEngine:
         """One round of one request (a batch of one)."""
         return self.iterate([request])[0]
 
-    def iterate(self, requests: Sequence[RequestState]) -> list[RoundTrace]:
+    def iterate(self, requests: Sequence[RequestState],
+                prefill: Sequence[tuple[RequestState, Sequence[int]]] = ()) -> list[RoundTrace]:
         """One round of every request, verified in one batched target forward: draft (one
         coordinator call) -> choose what to verify (a batch of several: by the batch's goodput)
-        -> one forward -> accept -> learn -> emit. -> each request's trace."""
+        -> one forward -> accept -> learn -> emit. `prefill`: prompt chunks of other requests
+        appended to their caches in the same forward (a scheduler's admissions). -> each request's trace."""
         planner = self.planner
         with self._lock:
             start = time.perf_counter()
-            drafted = planner.draft(self.coordinator, requests)
-            batched = len(requests) > 1 and planner.batch_costs is not None
-            chosen = (planner.choose_batch(requests, drafted) if batched
+            drafted = planner.draft(self.coordinator, requests) if requests else []
+            prefill_rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in prefill]
+            prefilled = sum(len(row.token_ids) for row in prefill_rows)
+            batched = len(requests) + len(prefill_rows) > 1 and planner.batch_costs is not None
+            chosen = (planner.choose_batch(requests, drafted, prefilled) if batched
                       else [planner.choose(d.round, r.cutting) for r, d in zip(requests, drafted)])
             draft_s = time.perf_counter() - start  # every request of the batch waited for the whole call
-            plans = [planner.plan(request, round_, padded=len(requests) == 1) for request, round_ in zip(requests, chosen)]
+            alone = len(requests) == 1 and not prefill_rows  # a forward of one request: padded to a cheaper size
+            plans = [planner.plan(request, round_, padded=alone) for request, round_ in zip(requests, chosen)]
+            rows = [plan.row for plan in plans] + prefill_rows
             start = time.perf_counter()
-            logits = self.target.forward_batch(self.kv, [plan.row for plan in plans],
-                                               features=any(r.features is not None for r in requests))
+            logits = self.target.forward_batch(self.kv, rows, features=any(
+                r.features is not None for r in [*requests, *(request for request, _ in prefill)]))
             forward_s = time.perf_counter() - start
-            pricing = batch_pricing(planner.batch_costs, len(requests), sum(len(p.row.token_ids) for p in plans),
+            self._keep_prefill_features(prefill, prefill_rows)
+            if not requests:
+                return []
+            pricing = batch_pricing(planner.batch_costs, len(requests), sum(len(row.token_ids) for row in rows),
                                     forward_s) if batched else None
             traces = []
             for request, drafts, round_, plan, row_logits in zip(requests, drafted, chosen, plans, logits):
@@ -179,7 +188,7 @@ class SpeculativeEngine:
             seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
         cutting = self.cut_drafts and self.costs.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
         request = RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed),
-                               PagedSequence(), CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting,
+                               SlotSequence(), CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting,
                                tokens=list(prompt_ids),
                                features=[] if getattr(self.coordinator, "wants_features", False) else None)
         if prefill and len(prompt_ids) > 1:
@@ -189,9 +198,10 @@ class SpeculativeEngine:
     def prefill(self, chunks: Sequence[tuple[RequestState, Sequence[int]]]) -> None:
         """Append prompt tokens to their requests' caches in one batched forward (no logits needed;
         the features, for the requests that collect them)."""
-        rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in chunks]
-        with self._lock:
-            self.target.forward_batch(self.kv, rows, features=any(r.features is not None for r, _ in chunks))
+        self.iterate([], chunks)
+
+    @staticmethod
+    def _keep_prefill_features(chunks: Sequence[tuple[RequestState, Sequence[int]]], rows: Sequence[BatchRow]) -> None:
         for (request, _), row in zip(chunks, rows):
             if request.features is not None:
                 request.features.append(row.features)

@@ -114,12 +114,14 @@ class DraftPlanner:
         return replace(cut, proposals=tuple(whole[i].cut(lengths[i]) for i in order if lengths[i]),
                        shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i) and p.source != BRANCH))
 
-    def choose_batch(self, requests: Sequence[RequestState], drafted: Sequence[Drafts]) -> list[DraftRound]:
+    def choose_batch(self, requests: Sequence[RequestState], drafted: Sequence[Drafts],
+                     prefilled: int = 0) -> list[DraftRound]:
         """What each request of a batch verifies: of all their drafts' nodes (the chosen drafts';
         in `tree` mode every draft's), the most likely ones, as many as maximise the batch's
         expected tokens per second (deploy/engine/goodput.py). A request that must verify its
-        draft whole (`cutting` off) is priced as it stands."""
-        base_positions, base_expected = len(requests), float(len(requests))
+        draft whole (`cutting` off) is priced as it stands; `prefilled` prompt positions ride in
+        the same forward (they cost, and emit nothing)."""
+        base_positions, base_expected = len(requests) + prefilled, float(len(requests))
         offers: list[tuple[list[Proposal], DraftTree, list[int], list[float]] | None] = []
         for request, drafts in zip(requests, drafted):
             candidates = self._candidates(drafts.round)

@@ -9,7 +9,7 @@ import torch
 from actors.sampling import SamplingParams
 from deploy.engine.counterfactual import CounterfactualScorer
 from deploy.engine.logprobs import TokenLogprob
-from deploy.engine.paged_kv import PagedSequence
+from deploy.engine.slot_kv import SlotSequence
 from policy.coordinator import RoundFeedback
 
 ABORT = "abort"  # the finish reason of a request whose caller left (vLLM's name)
@@ -81,7 +81,7 @@ class RequestState:
     prompt_ids: list[int]
     sampling: SamplingParams
     generator: torch.Generator
-    cache: PagedSequence
+    cache: SlotSequence
     shadows: CounterfactualScorer
     cutting: bool  # cut drafts (and choose among them) by the measured costs
     tokens: list[int] = field(default_factory=list)  # committed context; the cache covers tokens[:-1]

@@ -3,13 +3,13 @@
 `BatchScheduler(engine).run(prompt_ids, sampling, on_tokens, abandoned)` has `SpeculativeEngine.run`'s
 contract and may be called from any number of threads at once. Each iteration:
 
-    admit    waiting requests join (up to `max_batch` in flight): checked and opened, their
-             prompts prefilled in one batched forward under `prefill_tokens` per iteration (a
-             long prompt is prefilled in chunks over several iterations)
+    admit    waiting requests join (up to `max_batch` in flight): checked and opened; their
+             prompts are prefilled in the iteration's forward, at most `prefill_tokens` per
+             iteration (a long prompt in chunks over several iterations)
     drop     a request whose caller left (`abandoned()` true) ends, finish_reason "abort", its
              cache and drafter sessions freed before the next forward
     round    one speculative round of every prefilled request, verified in one batched target
-             forward (`SpeculativeEngine.iterate`); each request's new tokens go to its
+             forward with the prompt chunks (`SpeculativeEngine.iterate`); each request's new tokens go to its
              `on_tokens` as the iteration ends; finished requests leave and answer their caller
 
 Requests join and leave between iterations only. A failure of the iteration's forward or drafting
@@ -126,12 +126,15 @@ class BatchScheduler:
                 self._end(job)
                 continue
             alive.append(job)
-        self._prefill([job for job in alive if not job.ready])
         batch = [job for job in alive if job.ready]
-        if batch:
-            traces = self.engine.iterate([job.request for job in batch])
-            self.iterations += 1
-            self.rows += len(batch)
+        prefill = self._prefill_chunks([job for job in alive if not job.ready])
+        if batch or prefill:
+            traces = self.engine.iterate([job.request for job in batch], [(job.request, chunk) for job, chunk in prefill])
+            for job, chunk in prefill:
+                job.prefilled += len(chunk)
+            if batch:
+                self.iterations += 1
+                self.rows += len(batch)
             for job, trace in zip(batch, traces):
                 if job.on_tokens is not None and trace.emitted:
                     job.on_tokens(job.request.output[-trace.emitted:])
@@ -139,19 +142,16 @@ class BatchScheduler:
                     self._end(job)
         return [job for job in alive if job.request.finish is None]
 
-    def _prefill(self, jobs: list[_Job]) -> None:
-        """Prefill waiting prompts in one forward, at most `prefill_tokens` of them this iteration."""
-        rows, budget = [], self.prefill_tokens
+    def _prefill_chunks(self, jobs: list[_Job]) -> list[tuple[_Job, list[int]]]:
+        """The prompt chunks this iteration's forward prefills: at most `prefill_tokens` of them."""
+        chunks, budget = [], self.prefill_tokens
         for job in jobs:
             if budget <= 0:
                 break
             chunk = job.prompt_ids[job.prefilled : min(len(job.prompt_ids) - 1, job.prefilled + budget)]
-            rows.append((job, chunk))
+            chunks.append((job, chunk))
             budget -= len(chunk)
-        if rows:
-            self.engine.prefill([(job.request, chunk) for job, chunk in rows])
-            for job, chunk in rows:
-                job.prefilled += len(chunk)
+        return chunks
 
     def _end(self, job: _Job, error: Exception | None = None) -> None:
         """Free the request and answer its caller."""

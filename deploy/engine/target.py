@@ -6,7 +6,7 @@ positions back. `forward(..., parents=)` runs a token tree instead of a chain (s
 one pass; deploy/engine/draft_tree.py): each new position attends to the prefix, its ancestors and
 itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
 `forward_batch(kv, rows)` is the engine's forward: many requests' new positions (chains or trees)
-in one pass on a paged KV store (deploy/engine/paged_kv.py), each row's logits returned apart;
+in one pass on a slot KV store (deploy/engine/slot_kv.py), each row's logits returned apart;
 `batch_profile` times it by its packed positions (goodput control, deploy/engine/goodput.py).
 Input problems raise InvalidRequestError naming the field.
 """
@@ -25,16 +25,16 @@ from actors.kv_cache import crop_cache
 from actors.models import LoadedModel
 from deploy.engine.chat_messages import normalize_messages, template_knows_tools
 from deploy.engine.draft_tree import attention_allowed, depths_of
-from deploy.engine.paged_kv import PagedBatch, PagedKV, PagedSequence, install_paged_attention
+from deploy.engine.slot_kv import RowSpec, SlotKV, SlotSequence, install_slot_attention
 
 
 @dataclass
 class BatchRow:
-    """One request's part of a batched forward: `token_ids` appended to its paged `cache`, logits
+    """One request's part of a batched forward: `token_ids` appended to its slot `cache`, logits
     for the first `logits_for` of them (None: all), a token tree when `parents` is given; its
     positions' features after a forward that asked for them."""
 
-    cache: PagedSequence
+    cache: SlotSequence
     token_ids: Sequence[int]
     logits_for: int | None = None
     parents: Sequence[int] | None = None
@@ -57,7 +57,7 @@ class TargetModel:
         self._profile: list[float] = []  # forward_profile cache
         self._batch_profiles: dict[tuple, list[float]] = {}  # batch_profile cache
         self._slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self._paged = False  # paged attention installed (on the first batched forward)
+        self._slotted = False  # slot attention installed (on the first batched forward)
         self.feature_layers = feature_layers(int(self.model.config.num_hidden_layers))  # what an eagle head reads
 
     @property
@@ -134,62 +134,40 @@ class TargetModel:
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, **extra).logits[0]
         return logits[: len(token_ids) if logits_for is None else logits_for].float().cpu()
 
-    def new_paged_kv(self, blocks: int = 64) -> PagedKV:
-        return PagedKV.for_model(self.model, blocks)
+    def new_kv(self) -> SlotKV:
+        return SlotKV.for_model(self.model)
 
     @torch.inference_mode()
-    def forward_batch(self, kv: PagedKV, rows: Sequence[BatchRow], features: bool = False) -> list[torch.Tensor]:
+    def forward_batch(self, kv: SlotKV, rows: Sequence[BatchRow], features: bool = False) -> list[torch.Tensor]:
         """One forward over every row's new positions, packed into one sequence (no padding in the
         linear layers); each attends to its own request's cache and its own earlier (or ancestor)
-        new positions only (deploy/engine/paged_kv.py). -> per row, the logits [logits_for, V]
+        new positions only (deploy/engine/slot_kv.py). -> per row, the logits [logits_for, V]
         (float32, CPU). `features`: also set each row's `features`, the hidden states entering the
         feature layers (actors/eagle_head.feature_layers: a low, a middle and a high layer),
         concatenated, of each of its new positions ([n, 3H], float16, CPU: what an EAGLE-3 head
         drafts from, actors/eagle.py)."""
-        if not self._paged:
-            install_paged_attention(self.model)
-            self._paged = True
+        if not self._slotted:
+            install_slot_attention(self.model)
+            self._slotted = True
         for row in rows:
             kv.reserve(row.cache, row.cache.length + len(row.token_ids))
-        n_max = max(len(row.token_ids) for row in rows)
-        l_max = max(row.cache.length + len(row.token_ids) for row in rows)
-        q_index = torch.zeros(len(rows), n_max, dtype=torch.long)
-        k_index = torch.zeros(len(rows), l_max, dtype=torch.long)
-        allowed = torch.zeros(len(rows), n_max, l_max, dtype=torch.bool)
-        allowed[:, :, 0] = True  # padding queries attend somewhere (their output is dropped)
+        batch = kv.plan([RowSpec(row.cache, len(row.token_ids), row.parents) for row in rows])
         ids: list[int] = []
         positions: list[int] = []
-        writes: list[torch.Tensor] = []
-        packed: list[int] = []
         logit_rows: list[int] = []
-        for b, row in enumerate(rows):
+        for row in rows:
             n, prefix, start = len(row.token_ids), row.cache.length, len(ids)
-            own = kv.slots(row.cache, 0, prefix + n)
-            k_index[b, : prefix + n] = own
-            q_index[b] = start
-            q_index[b, :n] = torch.arange(start, start + n)
-            if row.parents is None:
-                allowed[b, :n, : prefix + n] = torch.ones(n, prefix + n, dtype=torch.bool).tril(prefix)
-                depths = range(n)
-            else:
-                allowed[b, :n, : prefix + n] = attention_allowed(row.parents, prefix)
-                depths = depths_of(row.parents)
+            depths = range(n) if row.parents is None else depths_of(row.parents)
             ids += row.token_ids
             positions += [prefix + d for d in depths]
-            writes.append(own[prefix:])
-            packed += range(b * n_max, b * n_max + n)
             logit_rows += range(start, start + (n if row.logits_for is None else row.logits_for))
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
-        batch = PagedBatch(q_index.to(self.device), k_index.to(self.device), mask.to(self.device),
-                           torch.tensor(packed, device=self.device))
-        kv.begin(torch.cat(writes))
+        kv.begin(batch)
         try:  # the causal LM's forward, split so that the hidden states are at hand
             hidden = self.model.model(
                 input_ids=torch.tensor([ids], device=self.device), past_key_values=kv, use_cache=True,
-                attention_mask=batch.mask, position_ids=torch.tensor([positions], device=self.device), paged=batch,
-                output_hidden_states=features,
-            )
+                attention_mask=batch.calls[0].mask, position_ids=torch.tensor([positions], device=self.device),
+                slots=batch, output_hidden_states=features,
+            )  # a 4-D attention_mask passes transformers' mask building by (slot_attention reads the calls')
         finally:
             kv.end()
         fused = self.fused_features(hidden)[0].to(torch.float16).cpu() if features else None  # [T, 3H]
@@ -232,9 +210,10 @@ class TargetModel:
         adds time, and a size that looks cheaper than it is gets used and re-timed by the engine).
 
         Measured once per target and size on a `context`-token cache (each size warmed up first),
-        through `forward_batch` with one request (the engine's forward), and cached. On CPU the cost is far from monotonic in the positions and, more so, in the
-        vocabulary projection's rows (MKL picks different kernels: here 2 or 3 rows cost more than
-        4, 7 more than 8), which `padded_length` exploits: a padded forward keeps every row's logits.
+        through `forward_batch` with one request (the engine's forward), and cached. On CPU the
+        cost is far from monotonic in the positions and, more so, in the vocabulary projection's
+        rows (MKL picks different kernels: here 2 or 3 rows cost more than 4, 7 more than 8), which
+        `padded_length` exploits: a padded forward keeps every row's logits.
         """
         missing = list(range(len(self._profile) + 1, max_positions + 1))
         if missing:
@@ -248,8 +227,8 @@ class TargetModel:
         and cached."""
         key = (tuple(sizes), rows, context)
         if key not in self._batch_profiles:
-            kv = self.new_paged_kv()
-            caches = [PagedSequence() for _ in range(rows)]
+            kv = self.new_kv()
+            caches = [SlotSequence() for _ in range(rows)]
             self.forward_batch(kv, [BatchRow(c, [(7 * i + j) % self.vocab_size for j in range(context)], logits_for=0)
                                     for i, c in enumerate(caches)])
             times = {size: [] for size in sizes}

@@ -1,8 +1,9 @@
 """Under continuous batching, on the real embedded model, each greedy request's output equals its
 plain decoding alone token for token: eight at once of different lengths (their batched rounds
 accepting drafts), trees of several drafts verified in one batch while prompts are prefilled in
-chunks, one joining mid-batch, one cancelled mid-stream and a sampled one beside them; a cancelled
-request stops costing forwards at the next iteration."""
+chunks, one joining and one cancelled inside a batch of eight, a sampled one beside them; a
+cancelled request stops costing forwards at the next iteration; sampled requests verified in
+batches emit the target's distribution."""
 import threading
 
 import pytest
@@ -11,9 +12,9 @@ import torch
 from actors.pool import build_drafters
 from actors.sampling import SamplingParams
 from deploy.engine.engine import SpeculativeEngine
-from deploy.engine.paged_kv import PagedKV, PagedSequence
 from deploy.engine.request import ABORT
 from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.slot_kv import INITIAL_CAPACITY, SlotKV, SlotSequence
 from deploy.engine.target import BatchRow
 from tests.conftest import CHAT_PROMPTS
 
@@ -51,8 +52,9 @@ def scheduler(target):
 
 
 def test_a_batched_forward_gives_each_request_the_logits_it_gets_alone(target):
-    kv, prompts = target.new_paged_kv(), [target.encode(prompt=p) for p in PROMPTS[:4]]
-    caches = [PagedSequence() for _ in prompts]
+    kv, prompts = target.new_kv(), [target.encode(prompt=p) for p in PROMPTS[:4]]
+    prompts[0] = prompts[0] * 6  # a row longer than the shared attention call's (a prefill chunk): attended alone
+    caches = [SlotSequence() for _ in prompts]
     batched = target.forward_batch(kv, [BatchRow(c, p) for c, p in zip(caches, prompts)])
     for prompt, logits in zip(prompts, batched):
         alone = target.forward(target.new_cache(), prompt)
@@ -61,16 +63,27 @@ def test_a_batched_forward_gives_each_request_the_logits_it_gets_alone(target):
     assert [c.length for c in caches] == [len(p) for p in prompts]
 
 
-def test_freed_blocks_are_reused_lowest_first_and_the_store_grows_when_full():
-    kv = PagedKV(num_layers=1, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"), blocks=2)
-    first, second = PagedSequence(), PagedSequence()
-    kv.reserve(first, 20)  # two blocks
-    kv.reserve(second, 1)  # none left: the store doubles
-    assert (first.blocks, second.blocks, kv.blocks) == ([0, 1], [2], 4)
-    kv.release(first)
-    third = PagedSequence()
-    kv.reserve(third, 1)
-    assert third.blocks == [0]
+def _filled(kv: SlotKV, sequence: SlotSequence, length: int, value: float) -> None:
+    kv.reserve(sequence, length)
+    for store in kv.keys + kv.values:
+        store[sequence.slot, :, :length] = value
+    sequence.length = length
+
+
+def test_a_leaving_request_s_slot_goes_to_the_last_one_whose_cache_moves_intact_and_the_stores_grow_and_shrink():
+    kv = SlotKV(num_layers=2, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"), slots=2)
+    first, second, third = SlotSequence(), SlotSequence(), SlotSequence()
+    _filled(kv, first, 5, 1.0)
+    _filled(kv, second, 3, 2.0)
+    _filled(kv, third, 2 * INITIAL_CAPACITY + 1, 3.0)  # no slot left and longer than the capacity: both double, twice
+    assert (first.slot, second.slot, third.slot, kv.slots, kv.capacity) == (0, 1, 2, 4, 4 * INITIAL_CAPACITY)
+    assert all(torch.equal(store[0, :, :5], torch.ones(1, 5, 2)) for store in kv.keys + kv.values)  # kept while growing
+    kv.release(first)  # the last slot's request moves into slot 0
+    assert (first.slot, third.slot, second.slot) == (-1, 0, 1) and kv.owners == [third, second]
+    assert all(torch.equal(store[0, :, : third.length], torch.full((1, third.length, 2), 3.0)) for store in kv.keys)
+    kv.release(third)  # what is left needs 3 positions in one slot: the stores shrink back
+    assert (second.slot, kv.slots, kv.capacity) == (0, 4, INITIAL_CAPACITY)
+    assert all(torch.equal(store[0, :, :3], torch.full((1, 3, 2), 2.0)) for store in kv.values)
 
 
 def test_eight_requests_at_once_each_equal_their_plain_decoding_alone(target, scheduler):
@@ -99,8 +112,9 @@ def test_trees_of_several_drafts_verified_in_one_batch_with_prompts_prefilled_in
     assert scheduler.rows > scheduler.iterations
 
 
-def test_a_request_joining_mid_batch_and_one_cancelled_mid_stream(target, scheduler):
+def test_a_request_joining_and_one_cancelled_inside_a_batch_of_eight(target, scheduler):
     prompts = [target.encode(messages=m) for m in CHAT_PROMPTS]
+    companions = [target.encode(prompt=p) for p in PROMPTS[:5]]
     cancelled, streamed = threading.Event(), []
     started = threading.Event()
 
@@ -110,10 +124,11 @@ def test_a_request_joining_mid_batch_and_one_cancelled_mid_stream(target, schedu
         if len(streamed) >= 4:
             cancelled.set()
 
+    running = [scheduler.submit(p, SamplingParams(max_tokens=40)) for p in companions]
     long_one = scheduler.submit(prompts[0], SamplingParams(max_tokens=48))
     leaving = scheduler.submit(prompts[1], SamplingParams(max_tokens=200), on_tokens, cancelled.is_set)
     assert started.wait(timeout=120)
-    joining = scheduler.submit(prompts[2], SamplingParams(max_tokens=24))  # joins while the others run
+    joining = scheduler.submit(prompts[2], SamplingParams(max_tokens=24))  # the eighth, joining while seven run
     left = leaving.result(timeout=300)
     assert left.finish_reason == ABORT and len(left.token_ids) < 200
     emitted = [r.emitted for r in left.rounds]
@@ -121,7 +136,36 @@ def test_a_request_joining_mid_batch_and_one_cancelled_mid_stream(target, schedu
     assert left.token_ids == plain_alone(target, prompts[1], 200)[: len(left.token_ids)]
     assert joining.result(timeout=300).token_ids == plain_alone(target, prompts[2], 24)
     assert long_one.result(timeout=300).token_ids == plain_alone(target, prompts[0], 48)
-    assert scheduler.engine.kv.blocks_in_use == 0  # every request's cache freed
+    for prompt, future in zip(companions, running):
+        assert future.result(timeout=300).token_ids == plain_alone(target, prompt, 40)
+    assert scheduler.engine.kv.owners == []  # every request's slot freed
+
+
+def test_sampled_requests_verified_in_batches_emit_the_targets_distribution(target):
+    """Each request samples (temperature 1, its own seed) two tokens after a prompt where prompt
+    lookup drafts " dog", which the target gives p = 0.41: the first token's frequencies must be
+    p's. A verifier that resampled from p instead of the residual after a rejection would emit
+    " dog" with p + (1 - p) p = 0.65, one that always accepted with 1.0."""
+    engine = SpeculativeEngine(target, build_drafters(["ngram", "none"], None, target.vocab_size), policy="fixed:ngram")
+    scheduler, draws = BatchScheduler(engine, max_batch=8), 480
+    prompt = target.encode(prompt="cat dog cat dog cat dog cat")
+    p = torch.softmax(target.forward(target.new_cache(), prompt)[-1], dim=-1)
+    drafted = build_drafters(["ngram"])["ngram"].propose("probe", prompt, 2, SamplingParams(temperature=1.0, seed=0))
+    dog = drafted.token_ids[0]
+    assert 0.3 < p[dog] < 0.5 and p.topk(5).values.sum() < 0.75  # the draft is rejected often; p has a tail
+    futures = [scheduler.submit(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed)) for seed in range(draws)]
+    results = [f.result(timeout=600) for f in futures]
+    assert sum(r.rounds[0].drafted > 0 for r in results) == draws  # every first token went through rejection sampling
+    assert scheduler.rows > scheduler.iterations  # in batches
+    first = torch.tensor([r.token_ids[0] for r in results])
+    sigma = (p[dog] * (1 - p[dog]) / draws).sqrt()
+    assert abs((first == dog).float().mean() - p[dog]) < 4 * sigma
+    assert abs(p[dog] + (1 - p[dog]) * p[dog] - p[dog]) > 8 * sigma  # the check tells the broken verifier apart
+    buckets = p.topk(5).indices.tolist()
+    frequencies = [(first == token).float().mean() for token in buckets]
+    expected = [p[token] for token in buckets]
+    rest = 1 - sum(frequencies), 1 - sum(expected)
+    assert 0.5 * (sum(abs(f - e) for f, e in zip(frequencies, expected)) + abs(rest[0] - rest[1])) < 0.08
 
 
 def test_bad_input_fails_its_own_request_and_the_scheduler_keeps_serving(target, scheduler):

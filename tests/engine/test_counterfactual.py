@@ -1,5 +1,5 @@
-"""Shadow drafts (the `counterfactual` and `tree` verification modes) are scored against the output as later rounds commit it, not cut at the
-round they were drafted in; the no-draft arm is scored for free; free observations do not
+"""Shadow drafts (the `counterfactual` and `tree` verification modes) are scored against the output
+as later rounds commit it, not cut at the round they were drafted in; the no-draft arm is scored for free; free observations do not
 inflate the exploration bonus."""
 from __future__ import annotations
 
