@@ -25,7 +25,8 @@ nodes of several drafts' token tree worth verifying: of each size, the nodes mos
 (the `tree` verification mode). `tokens_to_draft` is the same choice
 made before drafting, for a drafter that pays `per_token_s` of drafting per token (a model): the
 length l in 1..k with the most expected tokens per second of drafting plus verification, or 0 when
-that rate does not beat the best draft already in hand. The statistics are shared by
+that rate does not beat the best draft already in hand; `best_reach` bounds every draft's P(accepted)
+by position before any is drafted (a batch's draft budget). The statistics are shared by
 every request of the engine; concurrent updates may rarely lose one count, which only slows the
 learning.
 """
@@ -123,6 +124,23 @@ class DraftLengths:
             accepted[node] = reach * still * acceptance[node]
             missed[parent] = still * (1.0 - acceptance[node])
         return tree, accepted
+
+    def best_reach(self, n: int) -> list[float]:
+        """For i = 1..n, an upper bound on P(a draft's i-th token is accepted) before any draft
+        exists: the best chain of every drafter, source and match length seen (an unseen one: the
+        prior's), a confidence drafter's at its best calibrated bin. What a draft budget set before
+        drafting may count on (DraftPlanner.budget)."""
+        best = np.cumprod(np.full(n, PRIOR))
+        for key, reached in self._reached.items():
+            accepted = self._accepted[key]
+            if key[1] == CONFIDENCE:
+                top = float(np.max((accepted + (np.arange(CONFIDENCE_BINS) + 1) / CONFIDENCE_BINS * WEIGHT)
+                                   / (reached + WEIGHT)))
+                chain = top ** np.arange(1, n + 1)
+            else:
+                chain = np.cumprod((accepted[:n] + PRIOR * WEIGHT) / (reached[:n] + WEIGHT))
+            best[: len(chain)] = np.maximum(best[: len(chain)], chain)
+        return best.tolist()
 
     def _calibration(self, drafter: str) -> tuple[np.ndarray, np.ndarray]:
         key = (drafter, CONFIDENCE, 0)

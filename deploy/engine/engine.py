@@ -131,17 +131,19 @@ class SpeculativeEngine:
 
     def iterate(self, requests: Sequence[RequestState],
                 prefill: Sequence[tuple[RequestState, Sequence[int]]] = ()) -> list[RoundTrace]:
-        """One round of every request, verified in one batched target forward: draft (one
-        coordinator call) -> choose what to verify (a batch of several: by the batch's goodput)
-        -> one forward -> accept -> learn -> emit. `prefill`: prompt chunks of other requests
-        appended to their caches in the same forward (a scheduler's admissions). -> each request's trace."""
+        """One round of every request, verified in one batched target forward: budget (a batch of
+        several: the most draft tokens its goodput could verify) -> draft (one coordinator call)
+        -> choose what to verify (a batch of several: by the batch's goodput) -> one forward ->
+        accept -> learn -> emit. `prefill`: prompt chunks of other requests appended to their
+        caches in the same forward (a scheduler's admissions). -> each request's trace."""
         planner = self.planner
         with self._lock:
             start = time.perf_counter()
-            drafted = planner.draft(self.coordinator, requests) if requests else []
             prefill_rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in prefill]
             prefilled = sum(len(row.token_ids) for row in prefill_rows)
             batched = len(requests) + len(prefill_rows) > 1 and planner.batch_costs is not None
+            budget = planner.budget(requests, prefilled) if batched else None
+            drafted = planner.draft(self.coordinator, requests, budget) if requests else []
             chosen = (planner.choose_batch(requests, drafted, prefilled) if batched
                       else [planner.choose(d.round, r.cutting) for r, d in zip(requests, drafted)])
             draft_s = time.perf_counter() - start  # every request of the batch waited for the whole call

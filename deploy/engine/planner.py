@@ -1,6 +1,9 @@
 """Planning a round's drafts: ask the coordinator, choose what is worth verifying, lay it out
 for the target's forward.
 
+    budget   in a batch of several (`budget`): the most draft tokens any request could have
+             verified, from the batch's goodput over the best acceptance seen, before any drafter
+             is asked; 0 (a batch too large for any draft to pay) drafts nothing
     draft    one coordinator call for the batch (`draft`): each request's newly committed tokens,
              its previous round's feedback and its unsent features go in; its chosen drafter's
              draft (and with the `counterfactual` and `tree` verification modes, every model-free
@@ -59,12 +62,27 @@ class DraftPlanner:
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         self.batch_costs: BatchCosts | None = None  # a scheduler's engine: a batch of several is cut by its goodput
 
-    def draft(self, coordinator: DraftCoordinator, requests: Sequence[RequestState]) -> list[Drafts]:
-        """The coordinator's drafts for every request's round, in one call; a deferred model
-        drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""
-        calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback,
-                           min(self.k, r.sampling.max_tokens - len(r.output) - 1),  # leaves room for the bonus
-                           r.sampling, r.cutting, _unsent_features(r)) for r in requests]
+    def budget(self, requests: Sequence[RequestState], prefilled: int = 0) -> int:
+        """Before drafting, the most draft tokens a request of this batch could have verified: the
+        batch's goodput (deploy/engine/goodput.py) over every request's best conceivable chain
+        (DraftLengths.best_reach), with `prefilled` prompt positions in the same forward. 0: no
+        draft can pay at this batch's size, and no drafter is asked."""
+        reach = self.draft_lengths.best_reach(self.k)
+        counts = batch_draft_nodes([reach if r.cutting else [] for r in requests], len(requests) + prefilled,
+                                   float(len(requests)), self.batch_costs.forward_s)
+        return max(counts, default=0)
+
+    def draft(self, coordinator: DraftCoordinator, requests: Sequence[RequestState],
+              budget: int | None = None) -> list[Drafts]:
+        """The coordinator's drafts for every request's round, in one call, each at most `budget`
+        tokens (a request that verifies its draft whole, `cutting` off, is not held to it); a
+        deferred model drafter is asked for as many tokens as pay for its drafting time (`_model_tokens`)."""
+        def tokens(r: RequestState) -> int:
+            room = min(self.k, r.sampling.max_tokens - len(r.output) - 1)  # leaves room for the bonus
+            return room if budget is None or not r.cutting else min(room, budget)
+
+        calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback, tokens(r), r.sampling, r.cutting,
+                           _unsent_features(r)) for r in requests]
         rounds = coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):

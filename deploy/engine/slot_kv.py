@@ -5,9 +5,9 @@ head dim]; each request's keys and values lie contiguous in its own slot, writte
 (`TargetModel.forward_batch`): every request's new positions are packed into one row of tokens
 (no padding in the linear layers); `update` writes their keys and values into their requests' slots
 and returns the stores; `slot_attention` then lets each request's queries attend to a view of its
-own slot, nothing copied: the rows that add a few positions (a decoding step, a draft, a draft
-tree) side by side in one SDPA call over the slots they span, each longer row (a prefill chunk)
-in a call of its own, so a 512-token chunk pads no one else's queries. Masks come from the rows'
+own slot, nothing copied: rows that add a similar count of positions (a decoding step, a draft, a
+draft tree) side by side in one SDPA call over the slots they span (`call_groups`), each longer
+row (a prefill chunk) in a call of its own, so a long row pads no short row's queries. Masks come from the rows'
 lengths in one broadcast (a tree row's block of new positions from its parents).
 
 Requests in flight hold slots 0..n-1: when one leaves, the request in the last slot moves into its
@@ -31,7 +31,8 @@ from deploy.engine.draft_tree import attention_allowed
 
 INITIAL_SLOTS = 4
 INITIAL_CAPACITY = 256  # positions per slot
-SHARED_CALL_MAX = 64  # rows adding at most this many positions share one attention call
+SHARED_CALL_MAX = 64  # rows adding at most this many positions share attention calls (call_groups)
+MAX_GAP_QUERIES = 2  # padding queries a shared call may spend on the slots between its rows (a row costs about a call)
 
 
 @dataclass(eq=False)
@@ -73,6 +74,31 @@ class SlotBatch:
     write_slots: torch.Tensor  # [T]
     write_positions: torch.Tensor  # [T]
     calls: tuple[AttentionCall, ...]
+
+
+def call_groups(rows: Sequence[RowSpec]) -> list[list[int]]:
+    """Which rows share an attention call (indices into `rows`). A call pads every row to its
+    longest and spans every slot between its first and last, so rows share one by their count of
+    new positions in powers of two (1, 2, 3-4, 5-8, ... 33-64: one 8-position draft does not make
+    31 single-token rows attend with 8 queries each), a group split where the slots between two
+    rows would add more than MAX_GAP_QUERIES padding queries; a longer row (a prefill chunk) alone."""
+    buckets: dict[int, list[int]] = {}
+    groups: list[list[int]] = []
+    for i, row in enumerate(rows):
+        if row.new > SHARED_CALL_MAX:
+            groups.append([i])
+        else:
+            buckets.setdefault((row.new - 1).bit_length(), []).append(i)
+    for bucket, members in sorted(buckets.items()):
+        members.sort(key=lambda i: rows[i].cache.slot)
+        group = [members[0]]
+        for i in members[1:]:
+            if (rows[i].cache.slot - rows[group[-1]].cache.slot - 1) * 2 ** bucket > MAX_GAP_QUERIES:
+                groups.append(group)
+                group = []
+            group.append(i)
+        groups.append(group)
+    return groups
 
 
 class SlotKV:
@@ -171,10 +197,8 @@ class SlotKV:
             writes_pos.append(torch.arange(row.cache.length, row.cache.length + row.new))
             starts.append(start)
             start += row.new
-        shared = [i for i, row in enumerate(rows) if row.new <= SHARED_CALL_MAX]
-        alone = [[i] for i, row in enumerate(rows) if row.new > SHARED_CALL_MAX]
         calls = tuple(self._call([rows[i] for i in members], [starts[i] for i in members])
-                      for members in ([shared] if shared else []) + alone)
+                      for members in call_groups(rows))
         return SlotBatch(torch.cat(writes_slot).to(self.device), torch.cat(writes_pos).to(self.device), calls)
 
     def _call(self, rows: Sequence[RowSpec], starts: Sequence[int]) -> AttentionCall:

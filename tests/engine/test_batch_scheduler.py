@@ -14,7 +14,7 @@ from actors.sampling import SamplingParams
 from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.request import ABORT
 from deploy.engine.scheduler import BatchScheduler
-from deploy.engine.slot_kv import INITIAL_CAPACITY, SlotKV, SlotSequence
+from deploy.engine.slot_kv import SlotSequence
 from deploy.engine.target import BatchRow
 from tests.conftest import CHAT_PROMPTS
 
@@ -61,29 +61,6 @@ def test_a_batched_forward_gives_each_request_the_logits_it_gets_alone(target):
         assert torch.allclose(logits, alone, atol=5e-3)  # float32 summation order differs run to run (MKL threads)
         assert torch.equal(logits.argmax(-1), alone.argmax(-1))
     assert [c.length for c in caches] == [len(p) for p in prompts]
-
-
-def _filled(kv: SlotKV, sequence: SlotSequence, length: int, value: float) -> None:
-    kv.reserve(sequence, length)
-    for store in kv.keys + kv.values:
-        store[sequence.slot, :, :length] = value
-    sequence.length = length
-
-
-def test_a_leaving_request_s_slot_goes_to_the_last_one_whose_cache_moves_intact_and_the_stores_grow_and_shrink():
-    kv = SlotKV(num_layers=2, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"), slots=2)
-    first, second, third = SlotSequence(), SlotSequence(), SlotSequence()
-    _filled(kv, first, 5, 1.0)
-    _filled(kv, second, 3, 2.0)
-    _filled(kv, third, 2 * INITIAL_CAPACITY + 1, 3.0)  # no slot left and longer than the capacity: both double, twice
-    assert (first.slot, second.slot, third.slot, kv.slots, kv.capacity) == (0, 1, 2, 4, 4 * INITIAL_CAPACITY)
-    assert all(torch.equal(store[0, :, :5], torch.ones(1, 5, 2)) for store in kv.keys + kv.values)  # kept while growing
-    kv.release(first)  # the last slot's request moves into slot 0
-    assert (first.slot, third.slot, second.slot) == (-1, 0, 1) and kv.owners == [third, second]
-    assert all(torch.equal(store[0, :, : third.length], torch.full((1, third.length, 2), 3.0)) for store in kv.keys)
-    kv.release(third)  # what is left needs 3 positions in one slot: the stores shrink back
-    assert (second.slot, kv.slots, kv.capacity) == (0, 4, INITIAL_CAPACITY)
-    assert all(torch.equal(store[0, :, :3], torch.full((1, 3, 2), 2.0)) for store in kv.values)
 
 
 def test_eight_requests_at_once_each_equal_their_plain_decoding_alone(target, scheduler):

@@ -146,3 +146,15 @@ def test_a_tree_cut_node_by_node_keeps_a_drafts_likely_head_and_leaves_out_what_
     # the cut tree promises more than the best whole-draft set does
     best_set = max(mild.tree_rate(s) for s in ([first], [first, second], [first, second, wrong]))
     assert mild.tree_rate([first.cut(1), second]) > best_set
+
+
+def test_the_best_reach_before_drafting_bounds_every_drafts_chain_of_acceptance():
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
+    for _ in range(20):
+        lengths.observe(draft(match_length=4), accepted=6)  # a long match: nearly always right
+        lengths.observe(draft(match_length=1), accepted=0)  # a short one: always wrong
+    reach = lengths.best_reach(6)
+    for proposal in (draft(match_length=4), draft(match_length=1), draft("suffix")):
+        _, chain = lengths.node_probabilities([proposal])
+        assert all(p <= bound + 1e-12 for p, bound in zip(chain, reach))
+    assert reach[5] > 0.6 ** 6  # the long match's evidence raised the bound above the prior's

@@ -1,7 +1,12 @@
 """Goodput control (deploy/engine/goodput.py): a batch verifies the draft nodes most likely accepted,
 across requests, as many as raise the batch's expected tokens per second; when positions are
-nearly free every draft is verified, when each costs what a plain step does none is."""
+nearly free every draft is verified, when each costs what a plain step does none is; before any
+drafter is asked, a batch where no conceivable draft could pay gets a budget of zero."""
+from types import SimpleNamespace
+
+from deploy.engine.draft_length import DraftLengths
 from deploy.engine.goodput import batch_draft_nodes
+from deploy.engine.planner import DraftPlanner
 
 PROBABILITIES = [[0.9, 0.5], [0.8, 0.1]]  # two requests' draft nodes, most likely first
 
@@ -23,3 +28,18 @@ def test_when_a_position_costs_what_a_plain_step_does_no_draft_pays():
 
 def test_a_request_without_draft_nodes_gets_none():
     assert batch_draft_nodes([[], [0.99]], 2, 2.0, lambda n: 10 + n) == [0, 1]
+
+
+def _planner(cost_s):
+    planner = DraftPlanner(7, None, DraftLengths(cost_s, lambda n: n, 7))
+    planner.batch_costs = SimpleNamespace(forward_s=cost_s)
+    return planner
+
+
+def test_before_drafting_a_batch_where_no_draft_can_pay_gets_a_budget_of_zero():
+    requests = [SimpleNamespace(cutting=True)] * 8
+    assert _planner(lambda n: float(n)).budget(requests) == 0  # each position costs a plain step: nothing drafted
+    assert 0 < _planner(lambda n: 10.0 + n).budget(requests) <= 7  # cheap positions: some depth pays
+    beside_a_prefill = _planner(lambda n: 10.0 + n).budget(requests, prefilled=500)  # there a position is nearly free
+    assert beside_a_prefill > _planner(lambda n: 10.0 + n).budget(requests)
+    assert _planner(lambda n: float(n)).budget([SimpleNamespace(cutting=False)] * 8) == 0  # those verify their drafts whole anyway
