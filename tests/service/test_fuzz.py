@@ -34,14 +34,14 @@ TIMEOUT_S = 60  # a request unanswered this long is a hang
 # (path, method) -> examples per generation mode; hypothesis stops early where the schema allows
 # fewer distinct requests (the GETs without parameters)
 EXAMPLES = {
-    ("/v1/chat/completions", "POST"): 500,
-    ("/v1/completions", "POST"): 500,
+    ("/v1/chat/completions", "POST"): 250,
+    ("/v1/completions", "POST"): 250,
     ("/v1/models", "GET"): 20,
     ("/admin/drafters", "GET"): 20,
     ("/health", "GET"): 20,
     ("/metrics", "GET"): 20,
 }
-MIN_REQUESTS = 2000
+MIN_REQUESTS = 1000
 CLIENTS = 8  # requests in flight at once
 
 
@@ -96,7 +96,7 @@ def _answer(service, case) -> tuple[str, str, int | None, str | None, object]:
     return case.operation.path, case.method, response.status_code, problem, case.body
 
 
-def test_thousands_of_generated_requests_get_no_server_error_and_the_service_stays_exact(service, target):
+def test_a_thousand_generated_requests_get_no_server_error_and_the_service_stays_exact(service, target):
     schema = schemathesis.openapi.from_url(f"{service.url}/openapi.json", timeout=TIMEOUT_S)
     cases = []
     for (path, method), examples in EXAMPLES.items():
