@@ -6,8 +6,9 @@ prompts in groups of c, each group one `generate` call (a request's latency is i
 at concurrency 1 it is `hf-generate`); `peer:hf-cb` is transformers' continuous batching (its
 manager, `init_continuous_batching`, with paged attention): at concurrency c, c client threads
 each add a request and wait for its result (the manager is started before the clock, once per
-level; its generation loop runs in a thread of its own). `peer:hf-prompt-lookup` adds its prompt-lookup drafting (`prompt_lookup_num_tokens=10`, the
-value its documentation uses, and its default 2-gram matching); `peer:hf-assistant` uses the
+level; its generation loop runs in a thread of its own). `peer:hf-prompt-lookup` adds its
+prompt-lookup drafting (`prompt_lookup_num_tokens=10`, the value its documentation uses, and its
+default 2-gram matching); `peer:hf-assistant` uses the
 configured draft model as its assistant model (its default dynamic draft-length schedule). Each
 gets an explicit greedy GenerationConfig with the target's EOS ids, so its output is comparable
 token for token with `ar`; the EOS token and anything after it are dropped, as the engine does.

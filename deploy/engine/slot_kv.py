@@ -166,7 +166,7 @@ class SlotKV:
     @torch.inference_mode()
     def release(self, sequence: SlotSequence) -> None:
         """Free `sequence`'s slot: the request in the last slot moves into it."""
-        if sequence.slot >= 0:
+        if 0 <= sequence.slot < len(self.owners) and self.owners[sequence.slot] is sequence:
             last = self.owners.pop()
             if last is not sequence:
                 for layers in (self.keys, self.values):

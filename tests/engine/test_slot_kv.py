@@ -25,6 +25,8 @@ def test_a_leaving_request_s_slot_goes_to_the_last_one_whose_cache_moves_intact_
     kv.release(first)  # the last slot's request moves into slot 0
     assert (first.slot, third.slot, second.slot) == (-1, 0, 1) and kv.owners == [third, second]
     assert all(torch.equal(store[0, :, : third.length], torch.full((1, third.length, 2), 3.0)) for store in kv.keys)
+    kv.release(first)  # released twice: nothing moves
+    assert kv.owners == [third, second]
     kv.release(third)  # what is left needs 3 positions in one slot: the stores shrink back
     assert (second.slot, kv.slots, kv.capacity) == (0, 4, INITIAL_CAPACITY)
     assert all(torch.equal(store[0, :, :3], torch.full((1, 3, 2), 2.0)) for store in kv.values)
