@@ -88,7 +88,7 @@ class SpeculativeEngine:
         self.reward_kind = self.coordinator.reward_kind
         self._seeds = np.random.default_rng(seed)
         self._seed_lock = threading.Lock()
-        self._lock = threading.RLock()  # the paged KV store: one forward (or release) at a time
+        self._lock = threading.RLock()  # the slot KV store: one forward (or release) at a time
         self.kv = target.new_kv()  # every request's cache, in slots (deploy/engine/slot_kv.py)
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)

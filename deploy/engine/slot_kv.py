@@ -7,8 +7,8 @@ head dim]; each request's keys and values lie contiguous in its own slot, writte
 and returns the stores; `slot_attention` then lets each request's queries attend to a view of its
 own slot, nothing copied: rows that add a similar count of positions (a decoding step, a draft, a
 draft tree) side by side in one SDPA call over the slots they span (`call_groups`), each longer
-row (a prefill chunk) in a call of its own, so a long row pads no short row's queries. Masks come from the rows'
-lengths in one broadcast (a tree row's block of new positions from its parents).
+row (a prefill chunk) in a call of its own, so a long row pads no short row's queries. Masks come
+from the rows' lengths in one broadcast (a tree row's block of new positions from its parents).
 
 Requests in flight hold slots 0..n-1: when one leaves, the request in the last slot moves into its
 slot (one copy per request that leaves, none per forward). The stores grow by doubling (slots as
@@ -217,11 +217,10 @@ class SlotKV:
             tokens.append(torch.arange(start, start + row.new))
         # a chain's position i sees the cache and new positions up to itself; padding sees a prefix of its slot
         allowed = torch.arange(length)[None, None, :] <= (prefix[:, None, None] + torch.arange(n_max)[None, :, None])
-        for row in rows:
+        for row in rows:  # a tree row's block of new positions: each sees its ancestors and itself
             if row.parents is not None:
                 g, prefix_length = row.cache.slot - first, row.cache.length
-                allowed[g, : row.new, prefix_length : prefix_length + row.new] = \
-                    attention_allowed(row.parents, prefix_length)[:, prefix_length:]
+                allowed[g, : row.new, prefix_length : prefix_length + row.new] = attention_allowed(row.parents, 0)
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
         return AttentionCall(first, length, queries.reshape(-1).to(self.device), mask[:, None].to(self.device),
                              torch.cat(outputs).to(self.device), torch.cat(tokens).to(self.device))

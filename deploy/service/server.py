@@ -8,7 +8,7 @@ GET /v1/models, /health and /metrics; the admin API (always behind an admin toke
 service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the live pool). gRPC (deploy/service/proto/specfleet.proto, through Serve's gRPC
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Requests in flight are batched:
 one scheduler thread runs every round of them in one target forward (deploy/engine/scheduler.py),
-each with its own paged KV cache; both fronts share
+each with its KV cache in a slot of its own (deploy/engine/slot_kv.py); both fronts share
 request validation, streaming (deploy/service/generation.py) and the API-key check (deploy/service/auth.py).
 A list of prompts (completions) gets one choice each, generated side by side; `logprobs` come
 from the verification forwards (deploy/engine/logprobs.py); fields nothing acts on are refused or
