@@ -35,6 +35,13 @@ def is_drafter_kind(name: str) -> bool:
     return name in DRAFTER_KINDS or is_specialist(name)
 
 
+def needs_model(kind: str, model: str | None = None) -> bool:
+    """Whether a drafter of `kind` (with `model` configured) runs a model: `hf`, `eagle`, a
+    distilled specialist, a `hierarchy` with a model source. The others look tokens up (or, `none`,
+    draft nothing) in microseconds."""
+    return kind in ("hf", "eagle") or kind.startswith("distill-") or (kind == "hierarchy" and model is not None)
+
+
 def pool_drafters(pool: str) -> tuple[str, ...]:
     """`default`: the generic drafters; `specialists`: those plus every specialist built here."""
     if pool not in POOLS:

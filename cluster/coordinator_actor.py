@@ -2,13 +2,16 @@
 awaited on drafter actors, plus its start, lookup and the engine-facing proxy.
 
 `CoordinatorActor` is the async actor body (it also keeps where each target replica runs, for
-`specfleet status`); `start_coordinator_actor` applies `ray.remote` at build time and names the
+`specfleet status`). The drafters that need no model and ask for no resources draft inside it
+(cluster/resources.py `drafts_in_coordinator`: given as a `DrafterSpec`, built here); the others
+are drafter actors it calls; `start_coordinator_actor` applies `ray.remote` at build time and names the
 actor `specfleet:coordinator` in the `specfleet` namespace; `connect_coordinator` looks it up and
 returns a `RemoteCoordinator`, the object a target replica's engine drafts through.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,12 +19,13 @@ from dataclasses import replace
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
-from cluster.drafter_actor import named_drafters
+from cluster.drafter_actor import DrafterSpec, build_proposer, named_drafters
 from cluster.local import NAMESPACE
 from policy.coordinator import DRAFT_TIMEOUT_S, PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 
 COORDINATOR_NAME = "specfleet:coordinator"
+logger = logging.getLogger("specfleet")
 
 
 class CoordinatorActor:
@@ -34,13 +38,20 @@ class CoordinatorActor:
     that Ray restarts it (drafter actors have max_restarts=-1). A watcher probes down arms every
     second and puts each back as an arm (statistics kept) once it answers again. The actor
     itself restarts after a crash (max_restarts=-1) with the pool rebuilt from the named drafter
-    actors alive in the namespace; requests in flight then finish on plain decoding
-    (`RemoteCoordinator`)."""
+    actors alive in the namespace and the drafters it hosts built afresh; requests in flight then
+    finish on plain decoding (`RemoteCoordinator`). A drafter it hosts drafts in its event loop (a
+    lookup: microseconds); one that raises costs that round its draft."""
 
     def __init__(self, drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
                  draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S,
-                 verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None) -> None:
-        self.core = Coordinator(_pool_at_start(drafters), policy, seed, request_ttl_s, verify)  # values: drafter actor handles
+                 verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None,
+                 target_vocab_size: int | None = None) -> None:
+        """drafters: name -> a drafter actor's handle, or the `DrafterSpec` of one drafted here."""
+        self.target_vocab_size = target_vocab_size
+        at_start = _pool_at_start(drafters)
+        self.hosted = {name: d for name, d in at_start.items() if isinstance(d, DrafterSpec)}  # drafted here
+        pool = {name: build_proposer(d, target_vocab_size) if name in self.hosted else d for name, d in at_start.items()}
+        self.core = Coordinator(pool, policy, seed, request_ttl_s, verify)  # values: actor handles, or hosted drafters
         # what the pool was built from (cluster/pool.py: its signature, and each drafter's config), for redeploys
         self.built_for = {"signature": dict((built_for or {}).get("signature", {})),
                           "drafters": dict((built_for or {}).get("drafters", {}))}
@@ -48,7 +59,7 @@ class CoordinatorActor:
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
         self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
-        self.kinds_known: set[str] = set()  # drafters asked whether they are model-free
+        self.kinds_known: set[str] = set(self.hosted)  # drafters asked whether they are model-free (hosted: known)
         self._kinds: asyncio.Task | None = None
         self._janitor: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -103,6 +114,12 @@ class CoordinatorActor:
         if arm == NO_DRAFT:
             return [Proposal(drafter=arm) for _ in calls]
         failed = [Proposal(drafter=arm) if call[4] else None for call in calls]
+        if arm in self.hosted:
+            try:
+                return [Coordinator.as_round(arm, self.core.drafters[arm].propose(*call[:4]), call[2]) for call in calls]
+            except Exception as err:  # noqa: BLE001 - a failing drafter costs the round its draft, not the batch
+                logger.warning("drafter %s failed a round", arm, exc_info=err)
+                return failed
         if arm in self.down:
             return failed
         handle = self.core.drafters[arm]
@@ -181,7 +198,9 @@ class CoordinatorActor:
 
     def _release(self, request_id: str, deltas: Mapping[str, list[int]]) -> None:
         for name, delta in deltas.items():
-            if name in self.core.drafters:
+            if name in self.hosted:
+                self.core.drafters[name].release(request_id, delta)
+            elif name in self.core.drafters:
                 self.core.drafters[name].release.remote(request_id, delta)  # fire and forget, ordered per caller
 
     async def _expire_forever(self) -> None:
@@ -195,13 +214,24 @@ class CoordinatorActor:
         return self.core.stats() | {"down": sorted(self.down)}
 
     async def add_drafter(self, name: str, handle, config: Mapping | None = None) -> None:
-        self.core.add_drafter(name, handle)
-        self.kinds_known.discard(name)
+        """handle: the new drafter actor's, or the `DrafterSpec` of a drafter built and hosted here."""
+        if isinstance(handle, DrafterSpec):
+            self.core.add_drafter(name, build_proposer(handle, self.target_vocab_size))
+            self.hosted[name] = handle
+            self.kinds_known.add(name)
+        else:
+            self.core.add_drafter(name, handle)
+            self.kinds_known.discard(name)
         self.built_for["drafters"][name] = dict(config) if config is not None else None
 
     async def remove_drafter(self, name: str, drain_s: float = 30.0):
         """Remove the arm, up or down, then wait (at most drain_s) for its rounds in flight. -> its
-        handle. KeyError when no such drafter is in the pool."""
+        actor's handle (None for a drafter hosted here). KeyError when no such drafter is in the pool."""
+        if name in self.hosted:
+            self.core.remove_drafter(name)
+            del self.hosted[name]
+            self.built_for["drafters"].pop(name, None)
+            return None
         if name in self.core.drafters:
             handle = self.core.remove_drafter(name)
             self.down.pop(name, None)
@@ -217,7 +247,26 @@ class CoordinatorActor:
         return handle
 
     async def drafter_handles(self) -> dict:
-        return dict(self.core.drafters)
+        """Every drafter in the pool: its actor's handle, or None for one hosted here."""
+        return {name: None if name in self.hosted else d for name, d in self.core.drafters.items()}
+
+    async def hosted_drafters(self) -> dict[str, dict]:
+        """The drafters hosted here: {name: {"kind", "model", "open_sessions"}} (a drafter actor answers for itself)."""
+        return {name: {"kind": spec.kind, "model": spec.model,
+                       "open_sessions": len(getattr(self.core.drafters[name], "sessions", ()))}
+                for name, spec in self.hosted.items()}
+
+    async def rss_bytes(self) -> int:
+        """This actor process's resident memory (for leak checks: it holds the hosted drafters' caches)."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    async def placement(self) -> dict:
+        """Where this actor (and so every drafter hosted here) runs."""
+        from cluster.placement import here
+
+        return here() | {"device": "cpu"}
 
     async def pool_config(self) -> dict:
         """{"signature", "drafters": {name: its config, or None when unknown}} for every drafter in
@@ -235,26 +284,30 @@ class CoordinatorActor:
 
 def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
     """The given drafters, or after a restart the drafter actors alive now (the given order first,
-    then drafters added live since), so removed drafters stay out and added ones come back."""
+    then drafters added live since), so removed drafter actors stay out and added ones come back;
+    the drafters hosted here come back as given."""
     named = named_drafters()
     if not named:
         return dict(given)
-    ordered = [n for n in given if n in named] + sorted(n for n in named if n not in given)
-    return {name: named[name] for name in ordered}
+    ordered = [n for n in given if n in named or isinstance(given[n], DrafterSpec)]
+    ordered += sorted(n for n in named if n not in given)
+    return {name: given[name] if isinstance(given.get(name), DrafterSpec) else named[name] for name in ordered}
 
 
 def start_coordinator_actor(drafters: Mapping[str, object], policy: str = DEFAULT_POLICY, seed: int = 0,
                             draft_timeout_s: float = DRAFT_TIMEOUT_S, request_ttl_s: float = REQUEST_TTL_S,
-                            verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None):
-    """The named async actor `specfleet:coordinator` over drafter actor handles (restarted by Ray
-    after a crash, with the same arguments). built_for: what cluster/pool.py built the pool from."""
+                            verify: str = DEFAULT_VERIFY, built_for: Mapping | None = None,
+                            target_vocab_size: int | None = None):
+    """The named async actor `specfleet:coordinator` over drafter actor handles and the specs of
+    the drafters it hosts (restarted by Ray after a crash, with the same arguments). built_for:
+    what cluster/pool.py built the pool from."""
     import ray
 
     actor = ray.remote(CoordinatorActor).options(
         name=COORDINATOR_NAME, namespace=NAMESPACE, num_cpus=0, max_concurrency=256, lifetime="detached",
         max_restarts=-1, max_task_retries=0,
     )
-    return actor.remote(dict(drafters), policy, seed, draft_timeout_s, request_ttl_s, verify, built_for)
+    return actor.remote(dict(drafters), policy, seed, draft_timeout_s, request_ttl_s, verify, built_for, target_vocab_size)
 
 
 def connect_coordinator() -> "RemoteCoordinator":

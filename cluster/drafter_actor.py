@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from actors.models import DEFAULT_MODEL
-from actors.proposal import Proposal, is_model_free, needs_features
+from actors.proposal import Proposal, Proposer, is_model_free, needs_features
 from actors.sampling import SamplingParams
 from cluster.local import NAMESPACE
 
@@ -44,17 +44,23 @@ class DrafterSpec:
     resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources
 
 
+def build_proposer(spec: DrafterSpec, target_vocab_size: int | None) -> Proposer:
+    """The drafter `spec` describes, built in this process (its actor's, or the coordinator's for a
+    drafter that needs no model and asks for no resources: cluster/resources.py)."""
+    from actors.models import load_causal_lm
+    from actors.pool import build_drafters
+
+    draft_model = None
+    if spec.model is not None and spec.kind != "eagle":
+        draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
+    eagle_head = spec.model if spec.kind == "eagle" else None  # an eagle drafter's `model` is its head directory
+    return build_drafters([spec.kind], draft_model, target_vocab_size, spec.target, eagle_head)[spec.kind]
+
+
 class DrafterActor:
     def __init__(self, spec: DrafterSpec, target_vocab_size: int) -> None:
-        from actors.models import load_causal_lm
-        from actors.pool import build_drafters
-
-        draft_model = None
-        if spec.model is not None and spec.kind != "eagle":
-            draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
         self.spec = spec
-        eagle_head = spec.model if spec.kind == "eagle" else None  # an eagle drafter's `model` is its head directory
-        self.proposer = build_drafters([spec.kind], draft_model, target_vocab_size, spec.target, eagle_head)[spec.kind]
+        self.proposer = build_proposer(spec, target_vocab_size)
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         return self.proposer.propose(session, context_delta, k, sampling)

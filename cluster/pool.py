@@ -2,17 +2,18 @@
 
 `start_pool(config)` turns the config's drafters into resource requests (cluster/resources.py),
 reserves the GPU-holding ones together in the placement group `specfleet:pool` (one bundle per
-drafter, the config's strategy), starts one named actor per drafter (`specfleet:drafter:<name>`)
-and the coordinator actor over them. A redeploy finds the coordinator by name and reconciles the
+drafter, the config's strategy), starts one named actor (`specfleet:drafter:<name>`) per drafter
+that runs a model or asks for resources, and the coordinator actor over them, which hosts the
+drafters that need neither (lookups: cluster/resources.py `drafts_in_coordinator`). A redeploy finds the coordinator by name and reconciles the
 pool to the config: with the same target, policy, verification and timeouts (`pool_signature`) it
 keeps the pool and its bandit statistics, starts the drafters the config adds, drains and stops
 those it drops, and replaces a drafter whose entry changed; a pool built for another target (or
 policy) is stopped and a new one started.
 
 `add_drafter(config, drafter)` starts one more drafter actor, in a placement group of its own
-(`specfleet:pool:<name>`) when it asks for resources, and registers it with the coordinator as a
-new arm, live; `remove_drafter(name)` drains it out (requests in flight carry on with the other
-arms) and stops it. `pool_status()` reports the nodes, the target replicas and every drafter (node,
+(`specfleet:pool:<name>`) when it asks for resources, or has the coordinator host it, and
+registers it as a new arm, live; `remove_drafter(name)` drains it out (requests in flight carry on
+with the other arms) and stops it. `pool_status()` reports the nodes, the target replicas and every drafter (node,
 Ray's GPU ids, device, up/down, pulls, acceptance) for `specfleet status`. `stop_pool` kills the
 actors and removes the placement groups.
 """
@@ -23,7 +24,7 @@ from cluster.coordinator_actor import COORDINATOR_NAME, start_coordinator_actor
 from cluster.drafter_actor import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
 from cluster.local import NAMESPACE
 from cluster.placement import cluster_gpus, in_bundle, release, reserve
-from cluster.resources import bundle, bundle_indices, drafter_gpus
+from cluster.resources import bundle, bundle_indices, drafter_gpus, drafts_in_coordinator
 from deploy.config import DrafterConfig, ServiceConfig
 
 POOL_GROUP = "specfleet:pool"
@@ -33,7 +34,7 @@ NOWHERE = {"node": None, "node_ip": None, "gpu": [], "device": None}  # placemen
 
 
 def _spec(config: ServiceConfig, drafter: DrafterConfig, gpus_in_cluster: float) -> DrafterSpec:
-    num_gpus = drafter_gpus(drafter.kind, drafter.num_gpus, gpus_in_cluster)
+    num_gpus = drafter_gpus(drafter.kind, drafter.model, drafter.num_gpus, gpus_in_cluster)
     return DrafterSpec(drafter.name, drafter.kind, drafter.model, config.target.model, drafter.num_layers,
                        config.target.dtype, num_gpus, drafter.num_cpus, tuple(sorted(drafter.resources.items())))
 
@@ -89,12 +90,14 @@ def start_pool(config: ServiceConfig) -> None:
     if indices:
         bundles = [bundle(s) for s in specs if s.name in indices]
         group = reserve(POOL_GROUP, bundles, config.placement.strategy, config.placement.timeout_s)
-    handles = {s.name: start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
-               for s in specs}
-    ray.get([h.open_sessions.remote() for h in handles.values()])  # fail fast if a drafter cannot start
+    pool = {s.name: s if drafts_in_coordinator(s) else
+            start_drafter_actor(s, vocab, in_bundle(group, indices[s.name]) if s.name in indices else None)
+            for s in specs}
+    ray.get([h.open_sessions.remote() for h in pool.values() if not isinstance(h, DrafterSpec)])  # fail fast
     built_for = {"signature": pool_signature(config), "drafters": {d.name: d.model_dump() for d in config.drafters}}
-    coordinator = start_coordinator_actor(handles, config.policy, draft_timeout_s=config.draft_timeout_s,
-                                          request_ttl_s=config.request_ttl_s, verify=config.verify, built_for=built_for)
+    coordinator = start_coordinator_actor(pool, config.policy, draft_timeout_s=config.draft_timeout_s,
+                                          request_ttl_s=config.request_ttl_s, verify=config.verify, built_for=built_for,
+                                          target_vocab_size=vocab)
     ray.get(coordinator.ready.remote())  # every drafter's kind known before the first request
 
 
@@ -106,6 +109,9 @@ def add_drafter(config: ServiceConfig, drafter: DrafterConfig) -> dict:
     if drafter.name in ray.get(coordinator.drafter_handles.remote()):
         raise ValueError(f"drafter {drafter.name!r} is already in the pool")
     spec = _spec(config, drafter, cluster_gpus())
+    if drafts_in_coordinator(spec):
+        ray.get(coordinator.add_drafter.remote(spec.name, spec, drafter.model_dump()))
+        return ray.get(coordinator.placement.remote()) | {"kind": spec.kind, "model": spec.model}
     strategy = None
     if bundle(spec):
         group = reserve(f"{POOL_GROUP}:{spec.name}", [bundle(spec)], "PACK", config.placement.timeout_s)
@@ -129,8 +135,9 @@ def remove_drafter(name: str, drain_s: float = 30.0) -> None:
         handle = ray.get(coordinator.remove_drafter.remote(name, drain_s))
     except RayTaskError as err:
         raise err.as_instanceof_cause() from None
-    ray.kill(handle)
-    release(f"{POOL_GROUP}:{name}")
+    if handle is not None:  # None: the coordinator hosted it
+        ray.kill(handle)
+        release(f"{POOL_GROUP}:{name}")
 
 
 def _probe(handle) -> dict:
@@ -149,12 +156,15 @@ def pool_status() -> dict:
     coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
     stats = ray.get(coordinator.stats.remote())
     handles = ray.get(coordinator.drafter_handles.remote())
+    hosted = ray.get(coordinator.hosted_drafters.remote())
     registered = ray.get(coordinator.registered_replicas.remote())
     replicas = [{"replica": a["name"]} | registered.get(a["name"], NOWHERE)  # alive, maybe not registered yet
                 for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(REPLICA_PREFIX)]
     drafters = []
     for name, handle in handles.items():
-        probe = _probe(handle)
+        probe = _probe(handle) if handle is not None else (  # hosted by the coordinator: where it runs
+            _probe(coordinator) | {"kind": hosted[name]["kind"], "model": hosted[name]["model"]})
+        probe["runs_in"] = "actor" if handle is not None else "coordinator"
         numbers = stats["drafters"].get(name, {})
         drafters.append({"name": name} | probe
                         | {"pulls": numbers.get("pulls", 0), "acceptance": numbers.get("acceptance")})

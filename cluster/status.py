@@ -1,4 +1,5 @@
-"""`specfleet status` as text: the nodes, where each target replica and drafter runs, the pool's health.
+"""`specfleet status` as text: the nodes, where each target replica and drafter runs (its own actor, or
+the coordinator), the pool's health.
 
 `render_status(status)` formats the dict of `cluster.pool.pool_status()` (pure; node ids are
 shortened to 8 characters, GPU ids are Ray's, `-` where there is none).
@@ -38,8 +39,8 @@ def render_status(status: dict) -> str:
 def render_drafters(drafters: Sequence[dict]) -> str:
     """The drafter table (also `specfleet drafters list`)."""
     lines = [f"drafters ({sum(d['status'] == 'up' for d in drafters)}/{len(drafters)} up):"]
-    lines += _table(("NAME", "KIND", "MODEL", "NODE", "IP", "GPU", "DEVICE", "STATUS", "PULLS", "ACCEPTANCE"),
-                    [(d["name"], d["kind"], d["model"], _short(d["node"]), d["node_ip"], _gpus(d["gpu"]), d["device"],
-                      d["status"], d["pulls"], None if d["acceptance"] is None else f"{d['acceptance']:.2f}")
+    lines += _table(("NAME", "KIND", "MODEL", "RUNS IN", "NODE", "IP", "GPU", "DEVICE", "STATUS", "PULLS", "ACCEPTANCE"),
+                    [(d["name"], d["kind"], d["model"], d.get("runs_in"), _short(d["node"]), d["node_ip"], _gpus(d["gpu"]),
+                      d["device"], d["status"], d["pulls"], None if d["acceptance"] is None else f"{d['acceptance']:.2f}")
                      for d in drafters])
     return "\n".join(lines)

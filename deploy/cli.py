@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
     actions = drafters.add_subparsers(dest="action", required=True)
     for action, text in (("list", "the drafters, where they run, their health and statistics"),
-                         ("add", "start a drafter actor and make it an arm, live"),
+                         ("add", "add a drafter (its own actor, or hosted by the coordinator for a lookup) as an arm, live"),
                          ("remove", "drain a drafter out of the pool and stop it")):
         one = actions.add_parser(action, help=text)
         one.add_argument("--url", default=os.environ.get("SPECFLEET_URL", "http://127.0.0.1:8000"),
@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
             one.add_argument("--kind", required=True, help="ngram, suffix, hierarchy, hf, none, or a built specialist retrieval-<task> / distill-<task>")
             one.add_argument("--model", default=None, help="draft model (hf): embedded name, local dir or .gguf")
             one.add_argument("--num-layers", type=int, default=None, help="keep the model's first N layers")
-            one.add_argument("--num-gpus", type=float, default=None, help="default: 1 on a GPU cluster")
+            one.add_argument("--num-gpus", type=float, default=None, help="default: 1 on a GPU cluster for a model drafter; a lookup drafter asking none is hosted by the coordinator")
             one.add_argument("--resources", default=None, help='custom Ray resources as JSON, e.g. {"specfleet_drafter": 1}')
         one.set_defaults(func=cmd_drafters)
 

@@ -2,6 +2,7 @@
 one Ray service per session (HTTP + gRPC on 127.0.0.1, with an API key) shared by the service tests."""
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 from dataclasses import dataclass
@@ -106,7 +107,11 @@ def service(tmp_path_factory):
     key_file.write_text(f"# specfleet test keys: two tenants\n{api_key}\n{other_api_key}\n")
     # the app's args as `specfleet serve` builds them: the shipped config with these flags written over it
     flags = build_parser().parse_args([
-        "serve", "smollm2-135m", "--drafters", "ngram,suffix,hierarchy,none", "--policy", "metasd-ucb-cost",
+        # the lookup drafters draft in the coordinator, except `suffix`, which asks a CPU and so gets an
+        # actor of its own: the fault tests kill it
+        "serve", "smollm2-135m", "--drafters", json.dumps([{"name": "ngram", "kind": "ngram"}, {
+            "name": "suffix", "kind": "suffix", "num_cpus": 1}, {"name": "hierarchy", "kind": "hierarchy"},
+            {"name": "none", "kind": "none"}]), "--policy", "metasd-ucb-cost",
         "--verify", "tree", "--k", "7", "--api-key-file", str(key_file), "--draft-timeout-s", "2",
         "--request-ttl-s", "15", "--request-metrics",
         # a batch and a queue the load test's 16 streams and its admin calls fit in with room to

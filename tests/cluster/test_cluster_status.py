@@ -1,4 +1,5 @@
-"""`specfleet status` shows every node, where each replica and drafter runs and whether it is up."""
+"""`specfleet status` shows every node, where each replica and drafter runs (its own actor or the
+coordinator) and whether it is up."""
 from cluster.status import render_status
 
 STATUS = {
@@ -8,10 +9,10 @@ STATUS = {
     "replicas": [{"replica": "SERVE_REPLICA::specfleet#SpecfleetServer#x1", "node": "aaaaaaaa1111",
                   "node_ip": "10.0.0.1", "gpu": ["0"], "device": "cuda:0"}],
     "drafters": [
-        {"name": "ngram", "kind": "ngram", "model": None, "node": "aaaaaaaa1111", "node_ip": "10.0.0.1",
-         "gpu": ["1"], "device": "cpu", "status": "up", "pulls": 12, "acceptance": 0.5},
-        {"name": "small", "kind": "hf", "model": "/models/small", "node": None, "node_ip": None, "gpu": [],
-         "device": None, "status": "down", "pulls": 0, "acceptance": None},
+        {"name": "ngram", "kind": "ngram", "model": None, "runs_in": "coordinator", "node": "aaaaaaaa1111",
+         "node_ip": "10.0.0.1", "gpu": [], "device": "cpu", "status": "up", "pulls": 12, "acceptance": 0.5},
+        {"name": "small", "kind": "hf", "model": "/models/small", "runs_in": "actor", "node": None, "node_ip": None,
+         "gpu": [], "device": None, "status": "down", "pulls": 0, "acceptance": None},
     ],
 }
 
@@ -22,9 +23,9 @@ def test_status_lists_nodes_replicas_and_drafters_with_their_gpus():
     replica_line = next(line for line in text.splitlines() if "SERVE_REPLICA" in line)
     assert replica_line.split()[1:] == ["aaaaaaaa", "10.0.0.1", "0", "cuda:0"]
     ngram_line = next(line for line in text.splitlines() if line.split()[:1] == ["ngram"])
-    assert ngram_line.split() == ["ngram", "ngram", "-", "aaaaaaaa", "10.0.0.1", "1", "cpu", "up", "12", "0.50"]
+    assert ngram_line.split() == ["ngram", "ngram", "-", "coordinator", "aaaaaaaa", "10.0.0.1", "-", "cpu", "up", "12", "0.50"]
 
 
 def test_a_drafter_that_does_not_answer_shows_as_down_without_a_node():
     small_line = next(line for line in render_status(STATUS).splitlines() if line.split()[:1] == ["small"])
-    assert small_line.split() == ["small", "hf", "/models/small", "-", "-", "-", "-", "down", "0", "-"]
+    assert small_line.split() == ["small", "hf", "/models/small", "actor", "-", "-", "-", "-", "down", "0", "-"]

@@ -1,6 +1,8 @@
 """The coordinator actor's body runs without Ray for what does not need it: a drafter marked down
-can still be taken out of the pool; a batch iteration's rounds ask each drafter once."""
+can still be taken out of the pool; a batch iteration's rounds ask each drafter once; lookup
+drafters given as specs draft inside it and are added and removed there."""
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -96,3 +98,30 @@ def test_the_actor_learns_which_drafters_read_features_and_sends_them_only_those
     assert eagle.calls[0][4] == ([0.5, 0.6],) and eagle.proposer.features["r"] == [0.5, 0.6]
     asyncio.run(rounds("fixed:lookup"))
     assert lookup.batches and lookup.proposer.seen["r"] == [1, 2, 3]  # asked with four arguments, as before
+
+
+def test_lookup_drafters_draft_inside_the_actor_and_are_added_and_removed_there(monkeypatch):
+    from cluster.drafter_actor import DrafterSpec
+
+    monkeypatch.setattr(coordinator_module, "named_drafters", dict)
+    model = FakeDrafterHandle(RecordingProposer("model"))
+    model.release = SimpleNamespace(remote=lambda request_id, delta: None)  # the actor's release, fire and forget
+    repeat = [5, 6, 7, 5, 6, 7, 5, 6]  # the n-gram drafter continues the repetition
+
+    async def serve_a_request():
+        actor = CoordinatorActor({"ngram": DrafterSpec("ngram", "ngram"), "model": model}, policy="fixed:ngram")
+        (draft_round,) = await actor.propose_batch([DraftCall("r", repeat, None, 3, GREEDY)])
+        open_during = (await actor.hosted_drafters())["ngram"]["open_sessions"]
+        await actor.finish("r", [7])
+        hosted_after = await actor.hosted_drafters()
+        await actor.add_drafter("suffix", DrafterSpec("suffix", "suffix"), {"name": "suffix", "kind": "suffix"})
+        handles = await actor.drafter_handles()
+        removed = await actor.remove_drafter("suffix", drain_s=0)
+        return draft_round, open_during, hosted_after, handles, removed, await actor.drafter_handles()
+
+    draft_round, open_during, hosted_after, handles, removed, handles_after = asyncio.run(serve_a_request())
+    assert draft_round.proposals[0].drafter == "ngram" and draft_round.proposals[0].token_ids[:2] == (7, 5)
+    assert model.batches == []  # fixed:ngram asked no actor
+    assert open_during == 1 and hosted_after == {"ngram": {"kind": "ngram", "model": None, "open_sessions": 0}}
+    assert handles == {"ngram": None, "model": model, "suffix": None}  # None: hosted by the coordinator
+    assert removed is None and handles_after == {"ngram": None, "model": model}

@@ -28,7 +28,9 @@ NODE_FLAGS = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--object-store-mem
 ARGS = {
     "policy": "metasd-ucb", "k": 7, "placement": {"strategy": "SPREAD", "timeout_s": 120},
     "target": {"model": "smollm2-135m"},
-    "drafters": [{"name": "ngram", "kind": "ngram"}, {"name": "suffix", "kind": "suffix"},
+    # the lookups ask a GPU here (by default they are hosted by the coordinator and need none), so that
+    # three drafter actors spread over the GPUs
+    "drafters": [{"name": "ngram", "kind": "ngram", "num_gpus": 1}, {"name": "suffix", "kind": "suffix", "num_gpus": 1},
                  {"name": "early-exit", "kind": "hf", "model": "smollm2-135m", "num_layers": 2},
                  {"name": NO_DRAFT, "kind": NO_DRAFT}],
 }
@@ -147,7 +149,7 @@ def test_a_drafter_added_after_a_new_node_lands_on_the_new_node_and_becomes_an_a
     ray_cli("start", f"--address={address}", "--num-gpus=1", *NODE_FLAGS)  # the new drafter node
     new_node = (wait_for_nodes(len(before) + 1) - before).pop()
 
-    specfleet("drafters", "add", "ngram-2", "--kind", "ngram", "--url", url, env=admin_env)
+    specfleet("drafters", "add", "ngram-2", "--kind", "ngram", "--num-gpus", "1", "--url", url, env=admin_env)
     listed = {d["name"]: d for d in json.loads(specfleet("drafters", "list", "--json", "--url", url, env=admin_env))}
     assert (listed["ngram-2"]["node"], listed["ngram-2"]["status"]) == (new_node, "up")
     assert len(listed["ngram-2"]["gpu"]) == 1

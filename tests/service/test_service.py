@@ -134,8 +134,9 @@ def test_the_coordinator_actor_aggregates_feedback_and_frees_sessions(service, c
     stats = ray.get(ray.get_actor(COORDINATOR_NAME).stats.remote())
     assert stats["active_requests"] == 0
     assert sum(d["pulls"] for d in stats["drafters"].values()) > 0
-    for name in ("ngram", "suffix", "hierarchy"):
-        assert ray.get(ray.get_actor(DRAFTER_PREFIX + name).open_sessions.remote()) == 0
+    hosted = ray.get(ray.get_actor(COORDINATOR_NAME).hosted_drafters.remote())
+    assert {name: d["open_sessions"] for name, d in hosted.items()} == {"ngram": 0, "hierarchy": 0, "none": 0}
+    assert ray.get(ray.get_actor(DRAFTER_PREFIX + "suffix").open_sessions.remote()) == 0  # the one drafter actor
 
 
 def test_the_service_drafts_with_the_chosen_drafter_and_the_model_free_shadows_and_scores_them(service, client):

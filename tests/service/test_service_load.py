@@ -1,8 +1,9 @@
 """Load with chaos on the running Ray service: 16 concurrent streaming clients while a drafter is
 added, one is killed (Ray restarts it) and the added one is removed. Zero failed requests, every
 greedy answer equal to plain decoding, and no leak: no drafter session or coordinator request
-left open, drafter actor memory flat. Short form in `make test` (SPECFLEET_LOAD_S, default 20 s
-of load); docs/cluster.md's figures come from SPECFLEET_LOAD_S=120."""
+left open, the memory of the coordinator (which hosts the lookup drafters) and of the drafter
+actors flat. Short form in `make test` (SPECFLEET_LOAD_S, default 20 s of load); docs/cluster.md's
+figures come from SPECFLEET_LOAD_S=120."""
 import os
 import statistics
 import threading
@@ -12,13 +13,19 @@ import pytest
 
 from cluster.drafter_actor import named_drafters
 from tests.conftest import CHAT_PROMPTS, plain_text
+from tests.service.test_service_faults import coordinator
 
 pytestmark = [pytest.mark.model, pytest.mark.ray]
 CLIENTS = 16
 LOAD_S = float(os.environ.get("SPECFLEET_LOAD_S", "20"))
 MAX_TOKENS = 16
-MEMORY_SLACK = 64 << 20  # bytes a drafter actor may grow over the run
+MEMORY_SLACK = 64 << 20  # bytes the coordinator or a drafter actor may grow over the run
 CHAOS_GRACE_S = 120  # the load goes on past LOAD_S until the chaos is over, at most this long
+
+
+def pool_actors() -> dict:
+    """The coordinator actor and the drafter actors, by name."""
+    return {"coordinator": coordinator()} | named_drafters()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
 
     from tests.service.test_service_faults import coordinator_stats, wait_until
 
-    memory_before = {name: ray.get(h.rss_bytes.remote()) for name, h in named_drafters().items()}
+    memory_before = {name: ray.get(h.rss_bytes.remote()) for name, h in pool_actors().items()}
     results: list[tuple[bool, float]] = []  # (answer exact, seconds)
     failures: list[str] = []
     lock = threading.Lock()
@@ -98,14 +105,18 @@ def test_sixteen_streaming_clients_under_chaos_lose_nothing_and_leak_nothing(ser
 
     wait_until(lambda: coordinator_stats()["active_requests"] == 0 and coordinator_stats()["down"] == [],
                what="the coordinator to settle")
-    actors = named_drafters()
-    assert "load-ngram" not in actors
+    actors = pool_actors()
+    hosted = ray.get(actors["coordinator"].hosted_drafters.remote())
+    assert "load-ngram" not in actors and "load-ngram" not in hosted
+
     def open_sessions() -> dict[str, int]:
-        return {name: ray.get(h.open_sessions.remote()) for name, h in actors.items()}
+        in_coordinator = ray.get(actors["coordinator"].hosted_drafters.remote())
+        return {name: ray.get(h.open_sessions.remote()) for name, h in actors.items() if name != "coordinator"} | {
+            name: d["open_sessions"] for name, d in in_coordinator.items()}
 
     wait_until(lambda: not any(open_sessions().values()), timeout_s=30,
                what=f"every drafter session to be released (open: {open_sessions()})")
     growth = {name: ray.get(h.rss_bytes.remote()) - memory_before[name] for name, h in actors.items()
               if name != "suffix"}  # suffix was restarted mid-run: a new process
-    print(f"drafter actor memory growth (MiB): { {n: round(g / 2**20, 1) for n, g in growth.items()} }")
+    print(f"coordinator and drafter actor memory growth (MiB): { {n: round(g / 2**20, 1) for n, g in growth.items()} }")
     assert all(g < MEMORY_SLACK for g in growth.values()), growth
