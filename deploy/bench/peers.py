@@ -6,7 +6,8 @@ prompts in groups of c, each group one `generate` call (a request's latency is i
 at concurrency 1 it is `hf-generate`); `peer:hf-cb` is transformers' continuous batching (its
 manager, `init_continuous_batching`, with paged attention): at concurrency c, c client threads
 each add a request and wait for its result (the manager is started before the clock, once per
-level; its generation loop runs in a thread of its own). `peer:hf-prompt-lookup` adds its
+level; its generation loop runs in a thread of its own); `peer:hf-serve` is the same continuous
+batching served over HTTP by `transformers serve` (`HFServePeer`). `peer:hf-prompt-lookup` adds its
 prompt-lookup drafting (`prompt_lookup_num_tokens=10`, the value its documentation uses, and its
 default 2-gram matching); `peer:hf-assistant` uses the
 configured draft model as its assistant model (its default dynamic draft-length schedule). Each
@@ -17,6 +18,7 @@ prefill done), seen by a streamer; the manager's own token timestamps.
 """
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,9 +31,9 @@ from deploy.bench.prompts import BenchPrompt
 from deploy.bench.sample import Sample
 from deploy.engine.target import TargetModel
 
-PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant", "hf-batch", "hf-cb")
-SWEPT_PEERS = ("hf-batch", "hf-cb")  # peers that also run at every concurrency level of the sweep
-SWEPT_ONLY = ("hf-cb",)  # ... and at concurrency 1 too (a manager per level, not per prompt)
+PEERS = ("hf-generate", "hf-prompt-lookup", "hf-assistant", "hf-batch", "hf-cb", "hf-serve")
+SWEPT_PEERS = ("hf-batch", "hf-cb", "hf-serve")  # peers that also run at every concurrency level of the sweep
+SWEPT_ONLY = ("hf-cb", "hf-serve")  # ... and at concurrency 1 too (a manager or server per level, not per prompt)
 PROMPT_LOOKUP_NUM_TOKENS = 10
 
 
@@ -171,3 +173,87 @@ class HFContinuousPeer:
         finally:
             manager.stop(block=True)
             model.set_attn_implementation(attention)
+
+
+class HFServePeer:
+    """`peer:hf-serve`: `transformers serve --continuous-batching` over HTTP, as a user runs it: a
+    process of its own on 127.0.0.1, started for each level (not timed) and stopped after it,
+    `concurrency` client threads streaming completions (a chat prompt through its chat endpoint,
+    greedy: temperature 0). Its answers come back as text: a sample's token ids are that text
+    encoded again, so the lossless check compares what a user reads. Its time to first token is
+    the first chunk of text."""
+
+    STARTUP_S = 180.0
+
+    def __init__(self, target: TargetModel) -> None:
+        from actors.models import resolve_model_dir
+
+        self.target = target
+        self.model_dir = str(resolve_model_dir(target.name)[0])
+
+    def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
+        return self.sweep([item], max_tokens, 1)[0][0]
+
+    def sweep(self, prompts: list[BenchPrompt], max_tokens: int, concurrency: int) -> tuple[list[Sample], float]:
+        """-> (samples in prompt order, wall seconds)."""
+        server, url = self._start()
+        try:
+            self._ask(url, BenchPrompt("warmup", "warmup", prompt="Warm up."), 4)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=concurrency) as clients:
+                samples = list(clients.map(lambda item: self._ask(url, item, max_tokens), prompts))
+            return samples, time.perf_counter() - start
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+    def _start(self) -> tuple[subprocess.Popen, str]:
+        import socket
+        import sys
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", self.model_dir,
+             "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype",
+             str(self.target.model.dtype).removeprefix("torch.")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + self.STARTUP_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=5).read()
+                return server, url
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    server.kill()
+                    raise RuntimeError("transformers serve did not start (is transformers' serving extra installed?)")
+                time.sleep(0.5)
+
+    def _ask(self, url: str, item: BenchPrompt, max_tokens: int) -> Sample:
+        import json
+        import urllib.request
+
+        chat = item.messages is not None
+        path, body = (("/v1/chat/completions", {"messages": item.messages}) if chat
+                      else ("/v1/completions", {"prompt": item.prompt}))
+        body |= {"model": self.model_dir, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+        request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        start, first_token_s, pieces = time.perf_counter(), None, []
+        with urllib.request.urlopen(request, timeout=900) as response:
+            for line in response:
+                data = line.decode().removeprefix("data: ").strip()
+                if not data or data == "[DONE]":
+                    continue
+                for choice in json.loads(data).get("choices", []):
+                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    if text:
+                        first_token_s = first_token_s or time.perf_counter() - start
+                        pieces.append(text)
+        token_ids = self.target.tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
+        return Sample.from_tokens(token_ids, time.perf_counter() - start, first_token_s)

@@ -28,7 +28,7 @@ from actors.sampling import SamplingParams
 from deploy.bench.batch_run import BatchRun
 from deploy.bench.cost_profile import CostProfile
 from deploy.bench.engines import make_engine
-from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, available_peers
+from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, HFServePeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
 from deploy.bench.sample import Sample
@@ -115,7 +115,7 @@ def run_bench(
     draft_scale = 1.0  # a model drafter's drafting seconds here -> on the profile's device
     for run in run_names + swept_only:
         if run.removeprefix("peer:") in SWEPT_PEERS:
-            swept_peers[run] = (HFContinuousPeer if run == "peer:hf-cb" else HFBatchPeer)(target)
+            swept_peers[run] = {"peer:hf-cb": HFContinuousPeer, "peer:hf-serve": HFServePeer}.get(run, HFBatchPeer)(target)
             generators[run] = swept_peers[run].generate
         elif run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate

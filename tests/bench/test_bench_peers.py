@@ -1,11 +1,12 @@
 """Peer runs decode exactly what plain target decoding does (the bench checks their output like
-ours), the assistant peer included when a draft model is configured."""
+ours), the assistant peer included when a draft model is configured, and the served peer
+(`transformers serve`) answers the same text over HTTP."""
 import pytest
 
 from actors.errors import InvalidRequestError
 from actors.sampling import SamplingParams
 from deploy.bench import BenchPrompt, make_engine
-from deploy.bench.peers import HFBatchPeer, HFContinuousPeer, HFPeer
+from deploy.bench.peers import HFBatchPeer, HFContinuousPeer, HFPeer, HFServePeer
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.model
@@ -56,3 +57,18 @@ def test_the_continuous_batching_peer_decodes_as_plain_decoding_does_and_gives_b
     assert [s.token_ids for s in samples] == expected
     assert all(0 < s.first_token_s < s.seconds <= wall_s for s in samples)
     assert target.model.config._attn_implementation == attention  # given back to the engine
+
+
+def test_the_served_peer_answers_over_http_as_plain_decoding_does_and_its_server_stops(target):
+    """`transformers serve --continuous-batching` in a process of its own: chat and completion
+    prompts streamed by two clients, the text equal to plain decoding's; the server is gone after."""
+    import psutil
+
+    plain = make_engine("ar", target, ["none"], 7)
+    prompts = [BenchPrompt("chat", "t", messages=CHAT_PROMPTS[0]), BenchPrompt("text", "t", prompt="def fibonacci(n):")]
+    expected = [plain.generate(prompt=p.prompt, messages=p.messages, sampling=SamplingParams(max_tokens=12)).text
+                for p in prompts]
+    samples, wall_s = HFServePeer(target).sweep(prompts, 12, concurrency=2)
+    assert [target.decode(s.token_ids) for s in samples] == expected
+    assert all(0 < s.first_token_s < s.seconds <= wall_s for s in samples)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "transformers.cli" in " ".join(p.info["cmdline"] or [])]

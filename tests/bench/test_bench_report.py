@@ -112,7 +112,8 @@ def test_a_bench_of_single_drafters_alone_still_compares_each_specialist_on_its_
 
 
 def test_peers_expand_by_glob_and_the_assistant_needs_a_draft_model():
-    assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup", "peer:hf-batch", "peer:hf-cb"]
+    assert expand_runs("peer:*", POOL) == ["ar", "peer:hf-generate", "peer:hf-prompt-lookup", "peer:hf-batch", "peer:hf-cb",
+                                            "peer:hf-serve"]
     assert "peer:hf-assistant" in expand_runs("peer:*", POOL, has_draft_model=True)
     with pytest.raises(InvalidRequestError, match="draft-model") as err:
         expand_runs("peer:hf-assistant", POOL)
