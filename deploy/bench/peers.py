@@ -179,9 +179,11 @@ class HFServePeer:
     """`peer:hf-serve`: `transformers serve --continuous-batching` over HTTP, as a user runs it: a
     process of its own on 127.0.0.1, started for each level (not timed) and stopped after it,
     `concurrency` client threads streaming completions (a chat prompt through its chat endpoint,
-    greedy: temperature 0). Its answers come back as text: a sample's token ids are that text
-    encoded again, so the lossless check compares what a user reads. Its time to first token is
-    the first chunk of text."""
+    greedy: temperature 0). Its answers come back as text, without token ids: a text equal to
+    plain decoding's (`reference`, the bench's `ar` token ids by prompt id) counts as those ids
+    (encoding the same text again can merge tokens differently: 127 ids for 128 generated); any
+    other text is encoded again, and so fails the lossless check. Its time to first token is the
+    first chunk of text."""
 
     STARTUP_S = 180.0
 
@@ -190,6 +192,7 @@ class HFServePeer:
 
         self.target = target
         self.model_dir = str(resolve_model_dir(target.name)[0])
+        self.reference: dict[str, list[int]] = {}
 
     def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
         return self.sweep([item], max_tokens, 1)[0][0]
@@ -255,5 +258,8 @@ class HFServePeer:
                     if text:
                         first_token_s = first_token_s or time.perf_counter() - start
                         pieces.append(text)
-        token_ids = self.target.tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
-        return Sample.from_tokens(token_ids, time.perf_counter() - start, first_token_s)
+        seconds, text = time.perf_counter() - start, "".join(pieces)
+        token_ids = self.reference.get(item.id)
+        if token_ids is None or self.target.decode(token_ids) != text:
+            token_ids = self.target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return Sample.from_tokens(token_ids, seconds, first_token_s)

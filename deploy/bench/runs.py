@@ -139,6 +139,8 @@ def run_bench(
                 bar.set_postfix_str(f"{item.id} {run}")
                 results[run].append((item, generators[run](item, max_tokens)))
                 bar.update(1)
+        if "peer:hf-serve" in swept_peers and "ar" in results:  # it answers text: ar's ids stand for an equal text
+            swept_peers["peer:hf-serve"].reference = {item.id: sample.token_ids for item, sample in results["ar"]}
         for level, run in sweeps:  # each level: every service (restarted, then stopped), batch process, batching peer
             bar.set_postfix_str(f"{run} at concurrency {level}")
             runner = services.get(run) or batches.get(run) or swept_peers[run]

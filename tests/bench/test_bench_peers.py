@@ -66,9 +66,11 @@ def test_the_served_peer_answers_over_http_as_plain_decoding_does_and_its_server
 
     plain = make_engine("ar", target, ["none"], 7)
     prompts = [BenchPrompt("chat", "t", messages=CHAT_PROMPTS[0]), BenchPrompt("text", "t", prompt="def fibonacci(n):")]
-    expected = [plain.generate(prompt=p.prompt, messages=p.messages, sampling=SamplingParams(max_tokens=12)).text
+    expected = [plain.generate(prompt=p.prompt, messages=p.messages, sampling=SamplingParams(max_tokens=12)).token_ids
                 for p in prompts]
-    samples, wall_s = HFServePeer(target).sweep(prompts, 12, concurrency=2)
-    assert [target.decode(s.token_ids) for s in samples] == expected
+    peer = HFServePeer(target)
+    peer.reference = {p.id: ids for p, ids in zip(prompts, expected)}  # what its text stands for when equal
+    samples, wall_s = peer.sweep(prompts, 12, concurrency=2)
+    assert [s.token_ids for s in samples] == expected  # text equal to plain decoding's, token for token
     assert all(0 < s.first_token_s < s.seconds <= wall_s for s in samples)
     assert not [p for p in psutil.process_iter(["cmdline"]) if "transformers.cli" in " ".join(p.info["cmdline"] or [])]
