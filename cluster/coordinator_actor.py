@@ -19,7 +19,7 @@ from dataclasses import replace
 from actors.errors import InvalidRequestError
 from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
-from cluster.drafter_actor import DrafterSpec, build_proposer, named_drafters
+from cluster.drafter_actor import DrafterSpec, build_proposer, named_drafters, open_sessions
 from cluster.local import NAMESPACE
 from policy.coordinator import DRAFT_TIMEOUT_S, PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
@@ -253,7 +253,7 @@ class CoordinatorActor:
     async def hosted_drafters(self) -> dict[str, dict]:
         """The drafters hosted here: {name: {"kind", "model", "open_sessions"}} (a drafter actor answers for itself)."""
         return {name: {"kind": spec.kind, "model": spec.model,
-                       "open_sessions": len(getattr(self.core.drafters[name], "sessions", ()))}
+                       "open_sessions": open_sessions(self.core.drafters[name])}
                 for name, spec in self.hosted.items()}
 
     async def rss_bytes(self) -> int:

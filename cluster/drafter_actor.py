@@ -57,6 +57,12 @@ def build_proposer(spec: DrafterSpec, target_vocab_size: int | None) -> Proposer
     return build_drafters([spec.kind], draft_model, target_vocab_size, spec.target, eagle_head)[spec.kind]
 
 
+def open_sessions(proposer: Proposer) -> int:
+    """The requests a drafter holds a session for (0 for one that keeps none)."""
+    sessions = getattr(proposer, "sessions", None)
+    return len(sessions) if sessions is not None else 0
+
+
 class DrafterActor:
     def __init__(self, spec: DrafterSpec, target_vocab_size: int) -> None:
         self.spec = spec
@@ -91,8 +97,7 @@ class DrafterActor:
         return psutil.Process().memory_info().rss
 
     def open_sessions(self) -> int:
-        sessions = getattr(self.proposer, "sessions", None)
-        return len(sessions) if sessions is not None else 0
+        return open_sessions(self.proposer)
 
 
 def start_drafter_actor(spec: DrafterSpec, target_vocab_size: int, scheduling_strategy=None):

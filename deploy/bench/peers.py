@@ -214,13 +214,12 @@ class HFServePeer:
                 server.kill()
 
     def _start(self) -> tuple[subprocess.Popen, str]:
-        import socket
         import sys
         import urllib.request
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        from deploy.bench.service import free_port
+
+        port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", self.model_dir,
              "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype",

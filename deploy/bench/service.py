@@ -24,7 +24,7 @@ from deploy.bench.sample import Sample
 from policy.registry import run_drafters, split_run_policy
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -60,7 +60,7 @@ class ServiceRun:
         if self.args is None:
             raise RuntimeError("an attached service cannot be restarted from here")
         self.stop()
-        self.url = start_local_service(self.args, port=_free_port())
+        self.url = start_local_service(self.args, port=free_port())
         self._post("/v1/completions", {"prompt": "Warm up.", "max_tokens": 4})
 
     @classmethod

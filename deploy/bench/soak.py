@@ -249,14 +249,6 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
     return 3600 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
@@ -285,6 +277,8 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
     key, admin_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     os.environ.update({"SPECFLEET_API_KEYS": key, "SPECFLEET_ADMIN_TOKEN": admin_token})
     try:
+        from deploy.bench.service import free_port
+
         url = start_local_service(args, port=free_port())
         soak = Soak(url, key, admin_token, config.model_name, references, config.max_request_bytes, seed)
         start = time.monotonic()
