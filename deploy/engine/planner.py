@@ -8,8 +8,8 @@ for the target's forward.
              its previous round's feedback and its unsent features go in; its chosen drafter's
              draft (and with the `counterfactual` and `tree` verification modes, every model-free
              drafter's draft as a shadow) comes out. A deferred model drafter is asked for as many
-             tokens as pay for its drafting time, and for none when a model-free draft in hand
-             already promises more (`_model_tokens`).
+             tokens as pay for its drafting time, and for none when a model-free draft in hand,
+             or a plain step, already promises more (`_model_tokens`).
     choose   alone (`choose`): each draft cut to the length whose expected yield pays for its
              forward (deploy/engine/draft_length.py); in `tree` mode the tree of every draft, the
              best rated first, cut node by node; the drafts not chosen stay shadows. In a batch of
@@ -211,12 +211,13 @@ class DraftPlanner:
 
     def _model_tokens(self, drafter: str, in_hand: Sequence[Proposal]) -> int:
         """How many tokens to ask a model drafter for, its drafting time counted: none when a draft
-        in hand already promises more tokens per second (deploy/engine/draft_length.py); k until its
-        drafting has been timed."""
+        in hand, or a plain step, already promises more tokens per second (deploy/engine/draft_length.py);
+        k until its drafting has been timed."""
         per_token_s = self.draft_s_per_token.get(drafter)
         if per_token_s is None:
             return self.k
-        floor = max((self.draft_lengths.rate(self.draft_lengths.cut(p)) for p in in_hand if p.token_ids), default=0.0)
+        lengths = self.draft_lengths
+        floor = max([lengths.rate(PLAIN_DRAFT), *(lengths.rate(lengths.cut(p)) for p in in_hand if p.token_ids)])
         return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
 
 

@@ -100,6 +100,23 @@ def test_a_model_drafter_sits_the_round_out_when_a_draft_in_hand_promises_more()
     assert lengths.tokens_to_draft("distill", per_token_s=0.1 * PLAIN_S, k=8, floor_rate=in_hand) == 0
 
 
+def test_a_model_drafter_rarely_right_is_asked_for_nothing_when_a_plain_step_promises_more():
+    from types import SimpleNamespace
+
+    from deploy.engine.planner import DraftPlanner
+
+    lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.05 * (n - 1)), unpadded, 8)
+    for _ in range(40):
+        lengths.observe(Proposal("weak", tuple(range(8))), accepted=0)  # its first token is almost never right
+    planner = DraftPlanner(8, SimpleNamespace(), lengths)
+    planner.draft_s_per_token["weak"] = 0.1 * PLAIN_S
+    assert planner._model_tokens("weak", in_hand=()) == 0
+    for _ in range(40):
+        lengths.observe(Proposal("fair", tuple(range(8))), accepted=4)  # right for its first four tokens
+    planner.draft_s_per_token["fair"] = 0.1 * PLAIN_S
+    assert planner._model_tokens("fair", in_hand=()) > 0
+
+
 def test_a_tree_of_one_draft_or_of_equal_drafts_promises_what_the_draft_alone_does():
     lengths = DraftLengths(lambda n: PLAIN_S * (1 + 0.2 * (n - 1)), unpadded, 8)
     for _ in range(10):
