@@ -8,7 +8,7 @@ the top `q_top_n` of its warped distribution, renormalised, and sends exactly th
 verification stays lossless. With `min_confidence` > 0 the draft ends after a token the drafter
 gave less than that probability (as transformers' assistant confidence threshold): the tokens it
 would likely lose are neither drafted nor verified. A drafter whose vocabulary differs from the
-target's is refused.
+target's is refused (the pool gives one loaded with its own tokenizer to actors/cross_vocab.py).
 """
 from __future__ import annotations
 

@@ -130,6 +130,27 @@ def load_causal_lm(
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, device=target_device)
 
 
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    """A model's tokenizer alone (what a drafter of another vocabulary needs of its target)."""
+    from transformers import AutoTokenizer
+
+    source, gguf_file = resolve_model_dir(name_or_path)
+    return AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file} if gguf_file else {}))
+
+
+def load_draft_model(name_or_path: str, dtype: str = "float32", num_layers: int | None = None) -> torch.nn.Module:
+    """A model drafter (`--draft-model`): the causal LM with its tokenizer as `.tokenizer`, so a
+    model of another family (another vocabulary) can draft across it (actors/cross_vocab.py). A
+    distilled drafter's directory (actors/distilled.py, over the target's tokenizer) loads as one."""
+    from actors.distilled import is_distilled_dir, load_distilled
+
+    if is_distilled_dir(Path(name_or_path).expanduser()):
+        return load_distilled(Path(name_or_path).expanduser(), default_device())
+    loaded = load_causal_lm(name_or_path, dtype=dtype, num_layers=num_layers)
+    loaded.model.tokenizer = loaded.tokenizer
+    return loaded.model
+
+
 def model_vocab_size(name_or_path: str) -> int:
     """The output vocabulary size from the model's config, without loading weights."""
     from transformers import AutoConfig

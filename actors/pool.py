@@ -1,13 +1,16 @@
 """Build a drafter pool from names: the only place that knows every drafter kind.
 
 Kinds: `ngram` (prompt lookup), `suffix` (cache of past requests), `hierarchy` (context, then past
-requests, then the model drafter if any), `hf` (a model drafter; needs a draft model), `none`
+requests, then the model drafter if any), `hf` (a model drafter; needs a draft model: one of the
+target's vocabulary drafts its tokens, one of another family, loaded with its own tokenizer,
+drafts text across the vocabularies, actors/cross_vocab.py), `none`
 (the no-draft arm), `eagle` (an EAGLE-style head on the target's features, trained for the target by
 `specfleet train-eagle`; actors/eagle.py), and the task specialists built by `specfleet specialists` (actors/specialists.py),
 which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
 their task knowledge: `retrieval-<task>` (its datastore, when it matches a longer tail) and
-`distill-<task>` (its distilled model). Unknown or unbuilt names raise InvalidRequestError
-naming `drafters`.
+`distill-<task>` (its distilled model), and `othervocab` (the same build's LM of another
+vocabulary, drafting through actors/cross_vocab.py). Unknown or unbuilt names raise
+InvalidRequestError naming `drafters`.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from actors.models import DEFAULT_MODEL
 from actors.ngram import NgramProposer
 from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
-from actors.specialists import built_specialists, is_specialist, specialist_path
+from actors.specialists import OTHER_VOCAB, built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", NO_DRAFT)
@@ -39,7 +42,8 @@ def needs_model(kind: str, model: str | None = None) -> bool:
     """Whether a drafter of `kind` (with `model` configured) runs a model: `hf`, `eagle`, a
     distilled specialist, a `hierarchy` with a model source. The others look tokens up (or, `none`,
     draft nothing) in microseconds."""
-    return kind in ("hf", "eagle") or kind.startswith("distill-") or (kind == "hierarchy" and model is not None)
+    return (kind in ("hf", "eagle", OTHER_VOCAB) or kind.startswith("distill-")
+            or (kind == "hierarchy" and model is not None))
 
 
 def pool_drafters(pool: str) -> tuple[str, ...]:
@@ -61,7 +65,7 @@ def parse_drafter_names(names: str | Sequence[str]) -> tuple[str, ...]:
     unknown = [n for n in items if not is_drafter_kind(n)]
     if unknown:
         raise InvalidRequestError("drafters", f"unknown drafter(s) {unknown}; known: {list(DRAFTER_KINDS)} "
-                                              "and the specialists retrieval-<task>, distill-<task>")
+                                              f"and the specialists retrieval-<task>, distill-<task>, {OTHER_VOCAB}")
     if len(set(items)) != len(items):
         raise InvalidRequestError("drafters", f"duplicate drafter in {items}")
     return tuple(items)
@@ -88,17 +92,32 @@ def build_drafters(
         elif name == "hf":
             if draft_model is None:
                 raise InvalidRequestError("drafters", "'hf' needs a draft model (--draft-model)")
-            pool[name] = HFModelProposer(draft_model, name="hf", target_vocab_size=target_vocab_size)
+            pool[name] = _model_drafter(draft_model, "hf", target_vocab_size, target)
         elif name == "eagle":
             pool[name] = _eagle(target, target_vocab_size, eagle_head)
         elif name == "hierarchy":
             sources: list[Proposer] = [NgramProposer(name="hierarchy.ngram", min_n=2), SuffixProposer(name="hierarchy.suffix", min_match=4)]
             if draft_model is not None:
-                sources.append(HFModelProposer(draft_model, name="hierarchy.hf", target_vocab_size=target_vocab_size))
+                sources.append(_model_drafter(draft_model, "hierarchy.hf", target_vocab_size, target))
             pool[name] = HierarchyProposer(sources)
         else:
-            pool[name] = _specialist(name, target_vocab_size)
+            pool[name] = _specialist(name, target_vocab_size, target)
     return pool
+
+
+def _model_drafter(model: torch.nn.Module, name: str, target_vocab_size: int | None, target: str,
+                   min_confidence: float = 0.0) -> Proposer:
+    """A model drafter: over the target's tokens when it shares the target's vocabulary, else
+    across vocabularies as text (actors/cross_vocab.py) with the tokenizer it was loaded with
+    (actors/models.load_draft_model)."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    tokenizer = getattr(model, "tokenizer", None)
+    if target_vocab_size is None or vocab == target_vocab_size or tokenizer is None:
+        return HFModelProposer(model, name=name, target_vocab_size=target_vocab_size, min_confidence=min_confidence)
+    from actors.cross_vocab import CrossVocabularyProposer
+    from actors.models import load_tokenizer
+
+    return CrossVocabularyProposer(model, tokenizer, load_tokenizer(target), name=name, min_confidence=min_confidence)
 
 
 def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> Proposer:
@@ -125,14 +144,17 @@ def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> 
     return EagleProposer(head)
 
 
-def _specialist(name: str, target_vocab_size: int | None) -> Proposer:
+def _specialist(name: str, target_vocab_size: int | None, target: str) -> Proposer:
     from actors.distilled import load_distilled
-    from actors.models import default_device
+    from actors.models import default_device, load_draft_model
     from actors.retrieval import RetrievalProposer, TokenDatastore
 
     path = specialist_path(name)
     if not path.exists():
         raise InvalidRequestError("drafters", f"{name!r} is not built on this machine ({path}): run `make specialists`")
+    if name == OTHER_VOCAB:  # a model of its own vocabulary (deploy/specialists/other_vocab.py)
+        model = load_draft_model(str(path)).to(default_device())
+        return _model_drafter(model, name, target_vocab_size, target)
     if name.startswith("retrieval-"):
         return RetrievalProposer(TokenDatastore.load(path), name=name)
     model = HFModelProposer(load_distilled(path, default_device()), name=f"{name}.model", target_vocab_size=target_vocab_size,

@@ -47,12 +47,12 @@ class DrafterSpec:
 def build_proposer(spec: DrafterSpec, target_vocab_size: int | None) -> Proposer:
     """The drafter `spec` describes, built in this process (its actor's, or the coordinator's for a
     drafter that needs no model and asks for no resources: cluster/resources.py)."""
-    from actors.models import load_causal_lm
+    from actors.models import load_draft_model
     from actors.pool import build_drafters
 
     draft_model = None
     if spec.model is not None and spec.kind != "eagle":
-        draft_model = load_causal_lm(spec.model, dtype=spec.dtype, num_layers=spec.num_layers).model
+        draft_model = load_draft_model(spec.model, dtype=spec.dtype, num_layers=spec.num_layers)
     eagle_head = spec.model if spec.kind == "eagle" else None  # an eagle drafter's `model` is its head directory
     return build_drafters([spec.kind], draft_model, target_vocab_size, spec.target, eagle_head)[spec.kind]
 

@@ -52,13 +52,13 @@ def _drafter_names(args: argparse.Namespace) -> str:
 
 
 def _load(args: argparse.Namespace):
-    from actors.models import load_causal_lm
+    from actors.models import load_causal_lm, load_draft_model
     from deploy.engine.target import TargetModel
 
     target = TargetModel(load_causal_lm(args.model, dtype=args.dtype))
     draft_model = None
     if args.draft_model:
-        draft_model = load_causal_lm(args.draft_model, dtype=args.dtype, num_layers=args.draft_layers).model
+        draft_model = load_draft_model(args.draft_model, dtype=args.dtype, num_layers=args.draft_layers)
     return target, draft_model
 
 
@@ -181,19 +181,42 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 def cmd_specialists(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
-    from actors.specialists import specialists_root
+    from actors.specialists import OTHER_VOCAB, specialists_root
     from deploy.engine.target import TargetModel
     from deploy.specialists.build import build_specialists
     from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
 
-    tasks = args.tasks.split(",") if args.tasks else list(SPECIALIST_TASKS)
+    tasks = args.tasks.split(",") if args.tasks else [*SPECIALIST_TASKS, OTHER_VOCAB]
     for task in tasks:
-        training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
+        if task != OTHER_VOCAB:
+            training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
-    manifest = build_specialists(target, tasks, num_layers=args.layers, epochs=args.epochs, rebuild=args.rebuild)
+    manifest = build_specialists(target, [t for t in tasks if t != OTHER_VOCAB], num_layers=args.layers, epochs=args.epochs,
+                                 rebuild=args.rebuild, other_vocab=OTHER_VOCAB in tasks)
     print(json.dumps(manifest, indent=1))
     print(f"specialists under {specialists_root()}: built in {manifest['build_s']:.0f} s in all on this machine "
           f"({manifest['this_run_s']:.0f} s this run)", file=sys.stderr)
+    return 0
+
+
+def cmd_othervocab(args: argparse.Namespace) -> int:
+    from actors.models import load_causal_lm
+    from actors.specialists import OTHER_VOCAB, specialists_root
+    from deploy.engine.target import TargetModel
+    from deploy.specialists.build import build_distilled
+    from deploy.specialists.eagle_corpus import load_corpus
+    from deploy.specialists.other_vocab import build_other_vocab
+
+    target = TargetModel(load_causal_lm(args.model, device="cpu"))
+    examples, _ = load_corpus(target)
+    examples = examples[: args.limit]
+    out = Path(args.out).expanduser() if args.out else specialists_root() / OTHER_VOCAB
+    if args.same_vocabulary:  # the twin: the distilled-specialist recipe on the same answers, one epoch
+        meta = build_distilled(target, examples, out, num_layers=2, epochs=1, log=print)
+    else:
+        meta = build_other_vocab(target, examples, out, vocabulary=args.vocabulary, max_minutes=args.max_minutes, log=print)
+    print(json.dumps(meta, indent=1))
+    print(f"built under {out}", file=sys.stderr)
     return 0
 
 
@@ -309,6 +332,7 @@ def cmd_drafters(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from actors.specialists import OTHER_VOCAB_EXAMPLES
     from deploy.bench import DEFAULT_PROMPTS, DEFAULT_RUNS
     from deploy.bench.prompts import SPLITS
     from deploy.serve_flags import add_serve_flags
@@ -388,12 +412,25 @@ def build_parser() -> argparse.ArgumentParser:
     dist.set_defaults(func=cmd_distill)
 
     spec = sub.add_parser("specialists", help="build the specialist pool (corpus, retrieval datastore, distilled drafter per task)")
-    spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation,chat,qa)")
+    spec.add_argument("--tasks", default=None, help="comma list (default: code,math,translation,chat,qa,othervocab)")
     spec.add_argument("--model", default="smollm2-135m", help="the target")
     spec.add_argument("--layers", type=int, default=2, help="decoder layers of each distilled drafter")
     spec.add_argument("--epochs", type=int, default=8, help="training epochs of each distilled drafter")
     spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
     spec.set_defaults(func=cmd_specialists)
+
+    other = sub.add_parser("othervocab", help="build the drafter of another vocabulary (its own BPE tokenizer, a 2-layer LM "
+                                              "trained on the target's answers; `make specialists` builds it too)")
+    other.add_argument("--model", default="smollm2-135m", help="the target")
+    other.add_argument("--out", default=None, help="directory (default: the specialists' othervocab/)")
+    other.add_argument("--vocabulary", type=int, default=8192, help="tokens of the new tokenizer")
+    other.add_argument("--max-minutes", type=float, default=15.0, help="training stops after this long")
+    other.add_argument("--limit", type=int, default=OTHER_VOCAB_EXAMPLES, help="train on the corpus's first N answers "
+                       "(default: as `make specialists` builds it)")
+    other.add_argument("--same-vocabulary", action="store_true",
+                       help="build its same-vocabulary twin instead (the distilled-specialist recipe, 2 layers, one epoch "
+                            "on the same answers; load it with --draft-model DIR)")
+    other.set_defaults(func=cmd_othervocab)
 
     eagle = sub.add_parser("train-eagle", help="train the eagle drafter's EAGLE-3 head on the target's own features and answers")
     eagle.add_argument("--model", default="smollm2-135m", help="the target (any Llama-shaped transformers model)")

@@ -6,7 +6,9 @@ answers (the corpus, `corpus.jsonl`), builds `datastore.npz` from the corpus (pl
 standard library's sources for `code`) and distils `distill/` from the corpus, all under
 actors/specialists.specialists_root(). A task's corpus is reused when present; a task already
 built (datastore and drafter present) is kept unless `rebuild`. The manifest (`manifest.json`)
-records what was built and how long each step took on this machine.
+records what was built and how long each step took on this machine. With `other_vocab`, the
+build also makes the drafter of another vocabulary (deploy/specialists/other_vocab.py) from the
+eagle corpus's answers, under specialists/othervocab/.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from actors.models import load_causal_lm, truncate_layers
 from actors.retrieval import TokenDatastore
-from actors.specialists import DATASTORE_FILE, DISTILL_DIR, MANIFEST_FILE, specialists_root
+from actors.specialists import DATASTORE_FILE, DISTILL_DIR, MANIFEST_FILE, OTHER_VOCAB, OTHER_VOCAB_EXAMPLES, specialists_root
 from deploy.bench.prompts import load_prompts
 from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import Example, load_examples, python_sources, save_examples, target_outputs
@@ -60,13 +62,14 @@ def build_distilled(target: TargetModel, examples: Sequence[Example], out_dir: P
 
 def build_specialists(
     target: TargetModel, tasks: Sequence[str], num_layers: int = 2, epochs: int = 8, max_new_tokens: int = 128,
-    root: Path | None = None, progress: bool = True, rebuild: bool = False,
+    root: Path | None = None, progress: bool = True, rebuild: bool = False, other_vocab: bool = False,
 ) -> dict:
     root = root or specialists_root()
     log = print if progress else None
     manifest_path = root / MANIFEST_FILE
     manifest: dict = json.loads(manifest_path.read_text()) if manifest_path.is_file() and not rebuild else {}
-    manifest = {"target": target.name, "tasks": manifest.get("tasks", {})}
+    manifest = {"target": target.name, "tasks": manifest.get("tasks", {})} | (
+        {OTHER_VOCAB: manifest[OTHER_VOCAB]} if OTHER_VOCAB in manifest else {})
     started = time.perf_counter()
     for task in tasks:
         task_dir = root / task
@@ -89,7 +92,19 @@ def build_specialists(
             "distill": distilled,  # its train_s is the distillation's time
         }
         manifest["tasks"][task]["build_s"] = round(time.perf_counter() - task_start, 1)
-    manifest["build_s"] = round(sum(t["build_s"] for t in manifest["tasks"].values()), 1)
+    other_dir = root / OTHER_VOCAB
+    if other_vocab and (rebuild or not (other_dir / "build.json").is_file()):
+        from deploy.specialists.eagle_corpus import load_corpus
+        from deploy.specialists.other_vocab import build_other_vocab
+
+        step = time.perf_counter()
+        examples = load_corpus(target)[0][:OTHER_VOCAB_EXAMPLES]
+        manifest[OTHER_VOCAB] = build_other_vocab(target, examples, other_dir, log=log)
+        manifest[OTHER_VOCAB]["build_s"] = round(time.perf_counter() - step, 1)
+    elif other_vocab and log:
+        log(f"{OTHER_VOCAB}: already built (--rebuild to build it again)")
+    manifest["build_s"] = round(sum(t["build_s"] for t in manifest["tasks"].values())
+                                + manifest.get(OTHER_VOCAB, {}).get("build_s", 0.0), 1)
     manifest["this_run_s"] = round(time.perf_counter() - started, 1)
     root.mkdir(parents=True, exist_ok=True)
     manifest_path.write_text(json.dumps(manifest, indent=1))
