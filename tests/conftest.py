@@ -35,6 +35,18 @@ def early_exit_drafter_model():
     return load_causal_lm("smollm2-135m", num_layers=4).model
 
 
+def isolated_cache(monkeypatch, path) -> None:
+    """SPECFLEET_CACHE at `path` (what a test builds lands there), the converted target models
+    linked in from the real cache so they are found, not converted again (20 s each time)."""
+    from actors.models import cache_root
+
+    real = cache_root() / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    if real.is_dir() and not (path / "models").exists():
+        (path / "models").symlink_to(real)
+    monkeypatch.setenv("SPECFLEET_CACHE", str(path))
+
+
 def tiny_llama(vocab_size: int, seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 

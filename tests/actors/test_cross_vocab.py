@@ -101,17 +101,19 @@ def test_sampled_drafts_verified_as_point_masses_keep_the_targets_distribution(t
     firsts = [d[0] for d in firsts if d]
     drafted, counts = np.unique(firsts, return_counts=True)
     assert len(drafted) >= 5  # its draws are spread: a check that could tell point masses from q
-    vocab = target.vocab_size
+    # the target's p over the tokens it drafted and one it never drafts (index -1); zero elsewhere
+    index = {int(t): i for i, t in enumerate(drafted)}
+    vocab = len(drafted) + 1
     p = torch.zeros(2, vocab)
-    p[0, torch.tensor(drafted[np.argsort(-counts)][:5])] = torch.tensor([0.30, 0.10, 0.05, 0.05, 0.05])
-    p[0, next(t for t in range(vocab) if t not in set(firsts))] = 0.45  # a token it never drafts takes the rest
+    p[0, torch.tensor([index[int(t)] for t in drafted[np.argsort(-counts)][:5]])] = torch.tensor([0.30, 0.10, 0.05, 0.05, 0.05])
+    p[0, -1] = 0.45
     p[1] = 1.0 / vocab
     generator = torch.Generator().manual_seed(0)
 
     def emitted_first(q_of) -> np.ndarray:
         freq = np.zeros(vocab)
         for token in firsts * 8:
-            _, emitted = speculative_accept([token], p, q_of(token), generator)
+            _, emitted = speculative_accept([index[token]], p, q_of(index[token]), generator)
             freq[emitted[0]] += 1
         return freq / freq.sum()
 

@@ -232,7 +232,9 @@ def test_a_tiny_head_builds_end_to_end_from_a_generated_corpus_shard_and_drafts_
                                                                                          monkeypatch):
     """What `make eagle` does, small: a corpus shard generated through the batch scheduler, then the
     recipe (features, training, manifest) into a head the pool loads and the engine drafts with."""
-    monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path / "cache"))
+    from tests.conftest import isolated_cache
+
+    isolated_cache(monkeypatch, tmp_path / "cache")
     corpus = tmp_path / "corpus"
     (report,) = build_shards(target, [0], corpus, max_new_tokens=24, progress=False, shard_jobs=4)
     records = read_shard(shard_path(corpus, 0))

@@ -6,18 +6,19 @@ from __future__ import annotations
 import pytest
 
 from actors.sampling import SamplingParams
-from deploy.bench.prompts import BenchPrompt
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
 def built(target, tmp_path_factory):
+    from actors.models import cache_root
     from actors.specialists import OTHER_VOCAB
     from deploy.specialists.eagle_corpus import load_corpus
     from deploy.specialists.other_vocab import build_other_vocab
 
     root = tmp_path_factory.mktemp("specfleet-cache")
+    (root / "models").symlink_to(cache_root() / "models")  # the converted target: found, not converted again (isolated_cache)
     examples = load_corpus(target, shards=[0])[0][:18]
     meta = build_other_vocab(target, examples, root / "specialists" / OTHER_VOCAB, vocabulary=512, epochs=2, batch_size=8)
     return root, meta
@@ -38,25 +39,20 @@ def test_a_tiny_build_learns_over_a_vocabulary_of_its_own(target, built):
 
 def test_the_pool_the_bench_and_a_drafter_actor_take_it_losslessly(target, built, monkeypatch):
     from actors.cross_vocab import CrossVocabularyProposer
-    from actors.pool import build_drafters, pool_drafters
+    from actors.pool import pool_drafters
     from cluster.drafter_actor import DrafterActor, DrafterSpec
-    from deploy.bench.runs import run_bench
-    from deploy.engine.engine import SpeculativeEngine
+    from deploy.bench.engines import make_engine
+    from deploy.bench.runs import expand_runs
     from tests.conftest import CHAT_PROMPTS, plain_text
 
     monkeypatch.setenv("SPECFLEET_CACHE", str(built[0]))
     assert pool_drafters("specialists")[-1] == "othervocab"
-    pool = build_drafters(["othervocab", "ngram", "none"], target_vocab_size=target.vocab_size, target=target.name)
-    assert isinstance(pool["othervocab"], CrossVocabularyProposer) and pool["othervocab"].model_free is False
-    engine = SpeculativeEngine(target, pool, policy="metasd-ucb-cost-warm", verify="tree")
-    result = engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=24))
-    assert result.text == plain_text(target, CHAT_PROMPTS[0], 24)
-
-    prompt = BenchPrompt("t1", "chat", messages=[{"role": "user", "content": "Name three colours."}])
-    report = run_bench(target, [prompt], runs="ar,single:othervocab", max_tokens=16, drafters="othervocab,none",
-                       progress=False, cut_drafts=False)
-    row = next(r for r in report["runs"] if r["name"] == "single:othervocab")
-    assert row["lossless"] is True and row["tokens"] == 16
+    assert expand_runs("single:othervocab", ["ngram", "othervocab", "none"]) == ["ar", "single:othervocab"]
+    engine = make_engine("policy:metasd-ucb-cost-warm@tree", target, ["othervocab", "ngram", "none"], k=7)  # as the bench builds it
+    drafter = engine.coordinator.drafters["othervocab"]
+    assert isinstance(drafter, CrossVocabularyProposer) and drafter.model_free is False
+    result = engine.generate(messages=CHAT_PROMPTS[0], sampling=SamplingParams(max_tokens=16))
+    assert result.text == plain_text(target, CHAT_PROMPTS[0], 16)
 
     from deploy.config import ServiceConfig
     from deploy.service.app import with_pool

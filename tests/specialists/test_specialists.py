@@ -158,9 +158,9 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
     from deploy.specialists.build import build_datastore, build_distilled
     from deploy.specialists.corpus import target_outputs
     from deploy.specialists.tasks import training_prompts
-    from tests.conftest import CHAT_PROMPTS, plain_text
+    from tests.conftest import CHAT_PROMPTS, isolated_cache, plain_text
 
-    monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
+    isolated_cache(monkeypatch, tmp_path)
     examples = target_outputs(target, training_prompts("code", 4), max_new_tokens=16, batch_size=4)
     assert len(examples) == 4 and all(len(e.output_ids) > 0 for e in examples)
     meta = build_distilled(target, examples, specialists_root() / "tiny" / "distill", num_layers=1, epochs=8)
