@@ -27,8 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from actors.hf import _DraftState, draft_position, drafting_generator
-from actors.kv_cache import common_prefix_length, crop_cache
+from actors.hf import _DraftState, append_tokens, catch_up, draft_position, drafting_generator, new_draft_state
 from actors.proposal import Proposal
 from actors.sampling import SamplingParams
 from actors.session import SessionStore
@@ -57,21 +56,12 @@ class CrossVocabularyProposer:
         target's. max_draft_tokens: the most of its own tokens drafted a round (default 2k + 2)."""
         self.name, self.model, self.q_top_n, self.min_confidence = name, model, q_top_n, min_confidence
         self.draft_tokenizer, self.target_tokenizer, self.max_draft_tokens = draft_tokenizer, target_tokenizer, max_draft_tokens
-        self.device = next(model.parameters()).device
         self.end_ids = frozenset(int(t) for t in (draft_tokenizer.eos_token_id, *_ids(draft_tokenizer, ("<|im_end|>", "<|endoftext|>")))
                                  if t is not None)
         self.sessions = SessionStore()
 
     def _new_state(self) -> _DraftState:
-        from transformers import DynamicCache
-
-        return _DraftState(cache=DynamicCache(config=self.model.config))
-
-    def _forward(self, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-        state.cached.extend(token_ids)
-        return out.logits[0, -1].float().cpu()
+        return new_draft_state(self.model)
 
     @torch.inference_mode()
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
@@ -86,10 +76,7 @@ class CrossVocabularyProposer:
                                               add_special_tokens=False)
         if not context:
             return Proposal(drafter=self.name)
-        keep = min(common_prefix_length(state.cached, context), len(context) - 1)
-        crop_cache(state.cache, keep)
-        del state.cached[keep:]
-        logits = self._forward(state, context[keep:])
+        logits = catch_up(self.model, state, context)
         drafted: list[int] = []
         draft: tuple[int, ...] = ()
         for _ in range(self.max_draft_tokens or 2 * k + 2):
@@ -99,7 +86,7 @@ class CrossVocabularyProposer:
             draft = target_draft(self.draft_tokenizer.decode(drafted, skip_special_tokens=False), self.target_tokenizer, ended, k)
             if ended or len(draft) >= k or confidence < self.min_confidence:
                 break
-            logits = self._forward(state, [token])
+            logits = append_tokens(self.model, state, [token])
         return Proposal(self.name, draft, None, time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

@@ -63,6 +63,30 @@ def draft_position(logits: torch.Tensor, sampling: SamplingParams, generator: to
     return index, SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())), confidence
 
 
+def new_draft_state(model: torch.nn.Module) -> _DraftState:
+    """A session's drafting state: an empty transformers KV cache for `model`."""
+    from transformers import DynamicCache
+
+    return _DraftState(cache=DynamicCache(config=model.config))
+
+
+def append_tokens(model: torch.nn.Module, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
+    """Append tokens to the drafter's cache. -> logits of the last position [V] (float32, CPU)."""
+    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=next(model.parameters()).device)  # [1, n]
+    out = model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+    state.cached.extend(token_ids)
+    return out.logits[0, -1].float().cpu()
+
+
+def catch_up(model: torch.nn.Module, state: _DraftState, tokens: Sequence[int]) -> torch.Tensor:
+    """The cache cropped to its longest common prefix with `tokens` (its own rejected drafts go),
+    the rest prefilled (at least the last token). -> logits after `tokens` [V]."""
+    keep = min(common_prefix_length(state.cached, tokens), len(tokens) - 1)
+    crop_cache(state.cache, keep)
+    del state.cached[keep:]
+    return append_tokens(model, state, tokens[keep:])
+
+
 class HFModelProposer:
     model_free = False
 
@@ -76,20 +100,10 @@ class HFModelProposer:
                 "an hf drafter must share the target's tokenizer",
             )
         self.name, self.model, self.q_top_n, self.min_confidence = name, model, q_top_n, min_confidence
-        self.device = next(model.parameters()).device
         self.sessions = SessionStore()
 
-    def _forward(self, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append tokens to the drafter's cache. -> logits of the last position [V]."""
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
-        state.cached.extend(token_ids)
-        return out.logits[0, -1].float().cpu()
-
     def _new_state(self) -> _DraftState:
-        from transformers import DynamicCache
-
-        return _DraftState(cache=DynamicCache(config=self.model.config))
+        return new_draft_state(self.model)
 
     @torch.inference_mode()
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
@@ -100,10 +114,7 @@ class HFModelProposer:
             return Proposal(drafter=self.name)
         if state.generator is None and not sampling.greedy:
             state.generator = drafting_generator(sampling, self.name)
-        keep = min(common_prefix_length(state.cached, tokens), len(tokens) - 1)
-        crop_cache(state.cache, keep)
-        del state.cached[keep:]
-        logits = self._forward(state, tokens[keep:])
+        logits = catch_up(self.model, state, tokens)
         draft: list[int] = []
         q: list[SparseDist] = []
         for j in range(k):
@@ -113,7 +124,7 @@ class HFModelProposer:
             if confidence < self.min_confidence:
                 break
             if j < k - 1:
-                logits = self._forward(state, [token])
+                logits = append_tokens(self.model, state, [token])
         return Proposal(self.name, tuple(draft), tuple(q), time.perf_counter() - start)
 
     def release(self, session: str, context_delta: Sequence[int] = ()) -> None:

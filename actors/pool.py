@@ -153,7 +153,7 @@ def _specialist(name: str, target_vocab_size: int | None, target: str) -> Propos
     if not path.exists():
         raise InvalidRequestError("drafters", f"{name!r} is not built on this machine ({path}): run `make specialists`")
     if name == OTHER_VOCAB:  # a model of its own vocabulary (deploy/specialists/other_vocab.py)
-        model = load_draft_model(str(path)).to(default_device())
+        model = load_draft_model(str(path))  # on the default device, as every loaded model
         return _model_drafter(model, name, target_vocab_size, target)
     if name.startswith("retrieval-"):
         return RetrievalProposer(TokenDatastore.load(path), name=name)
