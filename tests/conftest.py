@@ -35,15 +35,20 @@ def early_exit_drafter_model():
     return load_causal_lm("smollm2-135m", num_layers=4).model
 
 
-def isolated_cache(monkeypatch, path) -> None:
-    """SPECFLEET_CACHE at `path` (what a test builds lands there), the converted target models
-    linked in from the real cache so they are found, not converted again (20 s each time)."""
+def link_converted_models(path) -> None:
+    """A cache at `path` that finds the real cache's converted target models instead of converting
+    the embedded GGUF again (20 s each time)."""
     from actors.models import cache_root
 
     real = cache_root() / "models"
     path.mkdir(parents=True, exist_ok=True)
     if real.is_dir() and not (path / "models").exists():
         (path / "models").symlink_to(real)
+
+
+def isolated_cache(monkeypatch, path) -> None:
+    """SPECFLEET_CACHE at `path` (what a test builds lands there), the converted models linked in."""
+    link_converted_models(path)
     monkeypatch.setenv("SPECFLEET_CACHE", str(path))
 
 

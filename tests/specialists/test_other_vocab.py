@@ -12,13 +12,13 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def built(target, tmp_path_factory):
-    from actors.models import cache_root
     from actors.specialists import OTHER_VOCAB
     from deploy.specialists.eagle_corpus import load_corpus
     from deploy.specialists.other_vocab import build_other_vocab
+    from tests.conftest import link_converted_models
 
     root = tmp_path_factory.mktemp("specfleet-cache")
-    (root / "models").symlink_to(cache_root() / "models")  # the converted target: found, not converted again (isolated_cache)
+    link_converted_models(root)
     examples = load_corpus(target, shards=[0])[0][:18]
     meta = build_other_vocab(target, examples, root / "specialists" / OTHER_VOCAB, vocabulary=512, epochs=2, batch_size=8)
     return root, meta
