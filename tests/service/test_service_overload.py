@@ -24,6 +24,7 @@ MAX_TOKENS = 48  # long enough that 64 clients at once overflow the batch and th
 LONG = 400  # tokens a request that its client leaves asks for (tens of seconds of generation here)
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # a prompt greedy decoding continues for all of LONG
 TIMEOUT_S = 300
+CANCEL_ATTEMPTS = 3  # gRPC cancels made before one must have ended its request early
 
 
 def metric(service, name: str, **labels: str) -> float:
@@ -133,10 +134,20 @@ def test_sixty_four_grpc_calls_at_once_get_their_reply_or_resource_exhausted(ser
 
 
 def test_a_cancelled_grpc_stream_ends_its_request_at_the_next_round(service, grpc_stub):
+    """Ray Serve 2.60's gRPC proxy loses a cancel that arrives while it writes one of the call's
+    messages (its generator swallows the GeneratorExit; measured 1 cancel in ~50 here, README
+    limitations): that request runs to its end. So the call is made again, up to CANCEL_ATTEMPTS
+    times: one lost cancel is Ray's race, every one lost is ours."""
     pb, stub = grpc_stub
-    before = counts_before(service)
-    call = stub.GenerateStream(pb.GenerateRequest(model=MODEL, prompt=COUNTING, max_tokens=LONG, temperature=0),
-                               metadata=grpc_metadata(service), timeout=TIMEOUT_S)
-    next(call), next(call)  # text is coming: generation is under way
-    call.cancel()
+    for attempt in range(1, CANCEL_ATTEMPTS + 1):
+        before = counts_before(service)
+        call = stub.GenerateStream(pb.GenerateRequest(model=MODEL, prompt=COUNTING, max_tokens=LONG, temperature=0),
+                                   metadata=grpc_metadata(service), timeout=TIMEOUT_S)
+        next(call), next(call)  # text is coming: generation is under way
+        call.cancel()
+        wait_until(lambda: aborted(service) > before[0] or generated(service) - before[1] >= LONG, 120,
+                   "the cancelled call's request to be aborted or to end")
+        if aborted(service) > before[0]:
+            break
+        print(f"attempt {attempt}: the gRPC proxy lost the cancel; its request ran to its end")
     assert_ended_early(service, before, "the cancelled call's request")
