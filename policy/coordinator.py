@@ -13,11 +13,12 @@ statistics with `-warm`) and how much of the context each drafter has seen, so a
 receives only its unseen tokens (catch-up after rounds it sat out). `finish` learns the last
 round and releases every drafter's session.
 
-A round drafts with the bandit's chosen arm. With the verification modes `counterfactual` and
-`tree` (policy/registry.py) the model-free drafters not chosen draft too (`shadows`); the no-draft
+A round drafts with the bandit's chosen arm. With the verification modes `counterfactual`,
+`tree` and `ensemble` (policy/registry.py) the model-free drafters not chosen draft too (`shadows`); the no-draft
 arm, when not chosen, is a shadow that drafts nothing (its cost reward is what a plain step would
 have scored), so no policy has to pull it to learn it. The round carries its mode: the engine
-verifies the chosen draft (`chosen`, `counterfactual`) or cuts the tree of all of them (`tree`).
+verifies the chosen draft (`chosen`, `counterfactual`), cuts the tree of all of them (`tree`) or
+combines them into one (`ensemble`).
 
 Drafting in one process is sequential. With `defer_models=True` a chosen model drafter does not
 draft in `propose`: the round names it in `deferred`, the caller sizes its draft from the cheap
@@ -52,7 +53,7 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer, is_model_free, needs_features
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
-from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, TREE, parse_policy
+from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, TREE, parse_policy
 
 REQUEST_TTL_S = 60.0  # a request without a call for this long is over (its target died)
 DRAFT_TIMEOUT_S = 5.0  # a drafter's answer later than this costs the round its draft (the coordinator actor)
@@ -88,6 +89,11 @@ class DraftRound:
     def tree(self) -> bool:
         """The engine cuts the tree of every draft of the round node by node."""
         return self.verify == TREE
+
+    @property
+    def ensemble(self) -> bool:
+        """The engine combines every draft of the round into one (deploy/engine/ensemble.py)."""
+        return self.verify == ENSEMBLE
 
     @property
     def label(self) -> str:

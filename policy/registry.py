@@ -24,6 +24,10 @@ Verification (`verify`; config field, CLI `--verify`, bench `policy:<policy>@<ve
                     most likely accepted, at the size with the most expected tokens per second,
                     deploy/engine/draft_length.py `select_tree`) and verified in one forward; drafts
                     left out are scored as shadows
+    ensemble        the chosen drafter and every model-free drafter draft; the drafts are combined
+                    into one chain, each token the one their learned acceptances support most
+                    (deploy/engine/ensemble.py, after TABED), cut as one draft and verified; every
+                    drafter's own draft is scored as a shadow
 
 The service's default is `metasd-ucb-cost-warm` with `tree` (DEFAULT_POLICY, DEFAULT_VERIFY): what
 one request learns carries to the next (the warm bandit, and the draft-length statistics per
@@ -62,8 +66,8 @@ DEFAULT_POLICY = "metasd-ucb-cost-warm"  # with DEFAULT_VERIFY: chosen on dev pr
 PRIOR_WEIGHT = 4.0  # pseudo-pulls a warm start grants each arm (measured: docs/experiments.md)
 PRIOR_WEIGHT_PULLED = 32.0  # ... with shadows, each arm not observed for free (measured: docs/experiments.md)
 COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: docs/experiments.md)
-CHOSEN, COUNTERFACTUAL, TREE = "chosen", "counterfactual", "tree"
-VERIFY_MODES = (CHOSEN, COUNTERFACTUAL, TREE)
+CHOSEN, COUNTERFACTUAL, TREE, ENSEMBLE = "chosen", "counterfactual", "tree", "ensemble"
+VERIFY_MODES = (CHOSEN, COUNTERFACTUAL, TREE, ENSEMBLE)
 DEFAULT_VERIFY = TREE
 _RETIRED = re.compile(r"-(m[1-9][0-9]*|mall|mauto|mbest|mrated|mtree|cf)(?=-warm$|$)")
 

@@ -113,7 +113,7 @@ class DraftLengths:
         tree = DraftTree.build(drafts)
         acceptance = [0.0] * tree.size
         for proposal, path in zip(proposals, tree.paths):
-            for node, a in zip(path, self._acceptance(proposal, len(path))):
+            for node, a in zip(path, self.acceptance(proposal, len(path))):
                 acceptance[node] = max(acceptance[node], a)
         accepted = [0.0] * tree.size  # P(node accepted)
         missed: dict[int, float] = {}  # per parent: P(every earlier child wrong)
@@ -148,7 +148,7 @@ class DraftLengths:
             self._reached[key], self._accepted[key] = np.zeros(CONFIDENCE_BINS), np.zeros(CONFIDENCE_BINS)
         return self._reached[key], self._accepted[key]
 
-    def _acceptance(self, proposal: Proposal, n: int) -> list[float]:
+    def acceptance(self, proposal: Proposal, n: int) -> list[float]:
         """a_i for the draft's positions 1..n: P(accepted | reached), with the prior. A draft that
         states its confidence gets the acceptance its drafter's drafts of that confidence had
         (the confidence itself is the prior)."""
@@ -165,7 +165,7 @@ class DraftLengths:
         """E[emitted | l] for l = 1..n, in one pass over the positions in plain floats (a round
         asks this of every chosen and shadow draft)."""
         reach_probability, expected = 1.0, 1.0  # P(position l accepted), E[emitted | l]
-        for a in self._acceptance(proposal, n):
+        for a in self.acceptance(proposal, n):
             reach_probability *= a
             expected += reach_probability
             yield expected

@@ -1,6 +1,7 @@
 """Learning from a round: each verified draft's reward (computed here, where the timings are),
 the shadows scored against the output as it is committed (deploy/engine/counterfactual.py), and
-the draft-length statistics' update. The feedback rides on the request's next coordinator call
+the draft-length statistics' update (an `ensemble` draft teaches only these: the bandit learns
+from its drafters' own drafts, scored as shadows). The feedback rides on the request's next coordinator call
 (or on `finish`). The rewards follow policy/reward.py; a batched forward charges each request's
 round its share (`BatchPricing`)."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ from deploy.engine.acceptance import Verdict
 from deploy.engine.cost_model import BatchCosts, ForwardCosts
 from deploy.engine.counterfactual import ShadowScore
 from deploy.engine.draft_length import DraftLengths
+from deploy.engine.ensemble import ENSEMBLE_DRAFTER
 from deploy.engine.planner import Drafts
 from deploy.engine.request import RequestState
 from policy.coordinator import DraftRound, Feedback, RoundFeedback
@@ -74,6 +76,8 @@ class RoundLearner:
             self.draft_lengths.observe(score.proposal, score.matched)
         feedback += [self._counterfactual(s, pricing) for s in final]
         reward = max((f.reward for f in feedback if not f.counterfactual), default=0.0)
+        # an ensemble draft is no arm of the bandit: its drafters learn from their own drafts (shadows)
+        feedback = [f for f in feedback if f.drafter != ENSEMBLE_DRAFTER]
         return (RoundFeedback(tuple(feedback)) if feedback else None), reward
 
     def last_feedback(self, request: RequestState) -> RoundFeedback | None:

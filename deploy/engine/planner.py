@@ -6,10 +6,12 @@ for the target's forward.
              is asked; 0 (a batch too large for any draft to pay) drafts nothing
     draft    one coordinator call for the batch (`draft`): each request's newly committed tokens,
              its previous round's feedback and its unsent features go in; its chosen drafter's
-             draft (and with the `counterfactual` and `tree` verification modes, every model-free
-             drafter's draft as a shadow) comes out. A deferred model drafter is asked for as many
+             draft (and with the `counterfactual`, `tree` and `ensemble` verification modes, every
+             model-free drafter's draft as a shadow) comes out. A deferred model drafter is asked for as many
              tokens as pay for its drafting time, and for none when a model-free draft in hand,
-             or a plain step, already promises more (`_model_tokens`).
+             or a plain step, already promises more (`_model_tokens`). In `ensemble` mode the
+             round's drafts are combined into the one draft it verifies (`combine`); the drafters'
+             own drafts become shadows.
     choose   alone (`choose`): each draft cut to the length whose expected yield pays for its
              forward (deploy/engine/draft_length.py); in `tree` mode the tree of every draft, the
              best rated first, cut node by node; the drafts not chosen stay shadows. In a batch of
@@ -31,6 +33,7 @@ from deploy.engine.coordination import DraftCoordinator
 from deploy.engine.cost_model import BatchCosts, ForwardCosts
 from deploy.engine.draft_length import DraftLengths
 from deploy.engine.draft_tree import ROOT, DraftTree
+from deploy.engine.ensemble import ensemble_draft
 from deploy.engine.goodput import batch_draft_nodes
 from deploy.engine.request import RequestState
 from deploy.engine.target import BatchRow
@@ -87,18 +90,29 @@ class DraftPlanner:
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
             if round_.deferred:
-                in_hand = round_.proposals + (round_.shadows if round_.tree else ())
+                in_hand = round_.proposals + (round_.shadows if round_.tree or round_.ensemble else ())
                 asked = {arm: min(call.k, self._model_tokens(arm, in_hand)) for arm in round_.deferred}
                 extra = coordinator.draft_deferred(request.request_id, asked, request.sampling)
                 round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
             if any(p.branches for p in round_.proposals):  # a draft tree's chains are verified together
                 round_ = replace(round_, proposals=tuple(c for p in round_.proposals for c in p.chains()))
+            if round_.ensemble:
+                round_ = self.combine(round_, request)
             request.sent = len(request.tokens)
             drafting_s = sum(p.draft_s for p in round_.proposals + round_.shadows)  # measured here
             round_ = self.costs.priced_drafts(round_)
             self._time_drafting(round_)
             drafts.append(Drafts(round_, drafting_s))
         return drafts
+
+    def combine(self, round_: DraftRound, request: RequestState) -> DraftRound:
+        """The `ensemble` mode: every draft of the round (chosen first) combined into the one draft
+        verified (deploy/engine/ensemble.py); each drafter's own draft becomes a shadow, scored
+        against the output, which is what teaches the ensemble's weights."""
+        drafts = (*round_.proposals, *round_.shadows)
+        chain = ensemble_draft(drafts, self.draft_lengths.acceptance, request.sampling, request.generator,
+                               min(self.k, self.draft_lengths.max_k))
+        return replace(round_, proposals=(chain,) if chain.token_ids else (), shadows=drafts)
 
     def choose(self, round_: DraftRound, cutting: bool) -> DraftRound:
         """What to verify: each draft cut to the length worth verifying; in `tree` mode the best
