@@ -15,7 +15,7 @@ from actors.models import DEFAULT_MODEL, DTYPES
 from actors.pool import DRAFTER_KINDS, is_drafter_kind
 from deploy.engine.defaults import MAX_BATCH, MAX_K, MAX_PADDING, K
 from policy.coordinator import DRAFT_TIMEOUT_S, REQUEST_TTL_S
-from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, parse_policy
+from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, parse_policy
 
 
 def _one_of(value: str, allowed: list[str]) -> str:
@@ -46,6 +46,13 @@ class DrafterConfig(BaseModel):
     num_gpus: float | None = Field(default=None, ge=0)  # None: 1 when the cluster has GPUs (0 for `none`)
     num_cpus: float = Field(default=0.0, ge=0)
     resources: dict[str, float] = {}  # custom Ray resources, e.g. {specfleet_drafter: 1} (a node type)
+
+    @field_validator("name")
+    @classmethod
+    def not_the_ensembles_name(cls, value: str) -> str:
+        if value == ENSEMBLE:
+            raise ValueError(f"{ENSEMBLE!r} names the `ensemble` verification mode's combined draft; choose another name")
+        return value
 
     @field_validator("kind")
     @classmethod
@@ -87,7 +94,7 @@ class ServiceConfig(BaseModel):
     draft_timeout_s: float = Field(default=DRAFT_TIMEOUT_S, gt=0)  # a drafter answering later costs the round its draft; it is marked down
     request_ttl_s: float = Field(default=REQUEST_TTL_S, gt=0)  # a request without a round for this long is over (its replica died)
     policy: str = DEFAULT_POLICY  # the bandit and its reward (policy/registry.py)
-    verify: str = DEFAULT_VERIFY  # how a round's drafts are verified: chosen | counterfactual | tree
+    verify: str = DEFAULT_VERIFY  # how a round's drafts are verified: chosen | counterfactual | tree | ensemble
     k: int = Field(default=K, ge=1, le=MAX_K)
     max_padding: int = Field(default=MAX_PADDING, ge=0, le=16)
     served_model_name: str | None = None

@@ -108,7 +108,10 @@ class DraftPlanner:
     def combine(self, round_: DraftRound, request: RequestState) -> DraftRound:
         """The `ensemble` mode: every draft of the round (chosen first) combined into the one draft
         verified (deploy/engine/ensemble.py); each drafter's own draft becomes a shadow, scored
-        against the output, which is what teaches the ensemble's weights."""
+        against the output, which is what teaches the ensemble's weights. A seeded sampled request
+        verifies the chosen draft: its output must depend on its seed alone, not on learned weights."""
+        if not request.sampling.greedy and request.sampling.seed is not None:
+            return round_
         drafts = (*round_.proposals, *round_.shadows)
         chain = ensemble_draft(drafts, self.draft_lengths.acceptance, request.sampling, request.generator,
                                min(self.k, self.draft_lengths.max_k))

@@ -75,6 +75,7 @@ def test_every_flag_of_every_command_explains_itself():
         (["--policy", "nope"], "--policy"),
         (["--drafters", "ngram", "--policy", "fixed:suffix"], "--policy"),
         (["--drafters", "ngram,telepathy"], "--drafters"),
+        (["--drafters", "ensemble=ngram"], "--drafters"),  # the ensemble mode's draft is named so
         (["--verify", "sideways"], "--verify"),
         (["--draft-model", "smollm2-135m"], "--draft-model"),
         (["--target-resources", "{not json"], "--target-resources"),

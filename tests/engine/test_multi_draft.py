@@ -176,10 +176,11 @@ def test_node_cut_trees_on_a_flat_cost_device_reproduce_plain_greedy_decoding(ta
 
 
 @pytest.mark.model
-def test_tree_mode_sampling_is_reproducible_from_the_seed(target, early_exit_drafter_model):
+@pytest.mark.parametrize("verify", ["tree", "ensemble"])
+def test_sampling_with_several_drafts_a_round_is_reproducible_from_the_seed(target, early_exit_drafter_model, verify):
     def run(seed):
         drafters = build_drafters(["ngram", "hf"], early_exit_drafter_model, target.vocab_size)
-        return SpeculativeEngine(target, drafters, policy="metasd-ucb", verify="tree").generate(
+        return SpeculativeEngine(target, drafters, policy="metasd-ucb", verify=verify).generate(
             messages=CHAT_PROMPTS[2], sampling=SamplingParams(max_tokens=24, temperature=0.8, seed=seed)).token_ids
 
     assert run(11) == run(11) != run(12)
