@@ -11,10 +11,12 @@ from actors.no_draft import NO_DRAFT
 from actors.pool import build_drafters
 from actors.proposal import Proposal, SparseDist
 from actors.sampling import SamplingParams
+from deploy.engine.cost_model import max_positions
 from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.ensemble import ENSEMBLE_DRAFTER, ensemble_draft
 from deploy.engine.verify import verify
 from tests.conftest import CHAT_PROMPTS
+from tests.engine.test_counterfactual import FixedCosts
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0)
@@ -83,14 +85,13 @@ def test_verifying_it_against_one_drafters_q_instead_fails_the_same_check():
 
 
 @pytest.mark.model
-def test_the_ensemble_mode_reproduces_plain_greedy_decoding_with_a_model_drafter_in_the_pool(
-        target, early_exit_drafter_model):
-    sampling = SamplingParams(max_tokens=32)
-    plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}").generate(
-        messages=CHAT_PROMPTS[0], sampling=sampling).token_ids
-    drafters = build_drafters(["ngram", "suffix", "hf", NO_DRAFT], early_exit_drafter_model, target.vocab_size)
-    engine = SpeculativeEngine(target, drafters, policy="metasd-ucb-cost", verify="ensemble")
-    for attempt in range(2):  # the second time the suffix cache agrees with the model drafter
+def test_the_ensemble_mode_reproduces_plain_greedy_decoding(target):
+    sampling = SamplingParams(max_tokens=48)
+    plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}",
+                              costs=FixedCosts(max_positions(7))).generate(messages=CHAT_PROMPTS[0], sampling=sampling)
+    engine = SpeculativeEngine(target, build_drafters(["ngram", "suffix", "hierarchy", NO_DRAFT]),
+                               policy="metasd-ucb-cost-warm", verify="ensemble", costs=FixedCosts(max_positions(7)))
+    for attempt in range(2):  # the second time the suffix cache drafts the whole answer
         result = engine.generate(messages=CHAT_PROMPTS[0], sampling=sampling)
-        assert result.token_ids == plain, f"attempt {attempt}"
+        assert result.token_ids == plain.token_ids, f"attempt {attempt}"
         assert sum(r.drafted for r in result.rounds if r.drafter == ENSEMBLE_DRAFTER) > 0
