@@ -7,10 +7,16 @@ awaited on drafter actors, plus its start, lookup and the engine-facing proxy.
 are drafter actors it calls; `start_coordinator_actor` applies `ray.remote` at build time and names the
 actor `specfleet:coordinator` in the `specfleet` namespace; `connect_coordinator` looks it up and
 returns a `RemoteCoordinator`, the object a target replica's engine drafts through.
+
+What the coordinator learned across requests (`Coordinator.learned`) is checkpointed every
+CHECKPOINT_S (when it changed) to Ray's internal key-value store, which lives in the cluster's
+GCS: a restarted coordinator actor starts from it (under the same policy and reward), and
+cluster/pool.py `stop_pool` deletes it, so a new service starts afresh.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -25,6 +31,8 @@ from policy.coordinator import DRAFT_TIMEOUT_S, PLAIN_ROUND, REQUEST_TTL_S, Coor
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 
 COORDINATOR_NAME = "specfleet:coordinator"
+CHECKPOINT_KEY = "coordinator:learned"  # in Ray's internal KV, namespace NAMESPACE
+CHECKPOINT_S = 2.0  # how often what was learned is checkpointed (when it changed)
 logger = logging.getLogger("specfleet")
 
 
@@ -63,10 +71,14 @@ class CoordinatorActor:
         self._kinds: asyncio.Task | None = None
         self._janitor: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._checkpointed = load_checkpoint()
+        if self._checkpointed is not None and self.core.restore(json.loads(self._checkpointed)):
+            logger.info("the coordinator starts from its checkpoint of what earlier requests taught it")
 
     def _housekeeping(self) -> None:
         if self._janitor is None:
             self._janitor = asyncio.get_running_loop().create_task(self._expire_forever())
+            asyncio.get_running_loop().create_task(self._checkpoint_forever())
         if self._kinds is None or self._kinds.done():
             if any(name not in self.kinds_known for name in self.core.drafters):
                 self._kinds = asyncio.get_running_loop().create_task(self._learn_kinds())
@@ -209,6 +221,24 @@ class CoordinatorActor:
             await asyncio.sleep(min(5.0, self.core.request_ttl_s / 4))
             for request_id, deltas in self.core.expire().items():
                 self._release(request_id, deltas)
+
+    async def _checkpoint_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_S)
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
+
+        data = json.dumps(self.core.learned(), sort_keys=True).encode()
+        if data != self._checkpointed and _internal_kv_initialized():
+            _internal_kv_put(CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
+            self._checkpointed = data
+
+    async def checkpoint(self) -> dict:
+        """Checkpoint what was learned now (it is every CHECKPOINT_S anyway). -> what was saved."""
+        self._checkpoint()
+        return json.loads(self._checkpointed)
 
     async def stats(self) -> dict:
         return self.core.stats() | {"down": sorted(self.down)}
@@ -385,3 +415,17 @@ class RemoteCoordinator:
         import ray
 
         return ray.get(self.handle.stats.remote(), timeout=timeout)
+
+
+def load_checkpoint() -> bytes | None:
+    """The coordinator's last checkpoint in this cluster (None: none)."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    return _internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE) if _internal_kv_initialized() else None
+
+
+def delete_checkpoint() -> None:
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_initialized
+
+    if _internal_kv_initialized():
+        _internal_kv_del(CHECKPOINT_KEY, namespace=NAMESPACE)

@@ -20,7 +20,7 @@ actors and removes the placement groups.
 from __future__ import annotations
 
 from actors.models import model_vocab_size
-from cluster.coordinator_actor import COORDINATOR_NAME, start_coordinator_actor
+from cluster.coordinator_actor import COORDINATOR_NAME, delete_checkpoint, start_coordinator_actor
 from cluster.drafter_actor import DRAFTER_PREFIX, DrafterSpec, start_drafter_actor
 from cluster.local import NAMESPACE
 from cluster.placement import cluster_gpus, in_bundle, release, reserve
@@ -175,7 +175,8 @@ def pool_status() -> dict:
 
 def stop_pool(config: ServiceConfig | None = None, wait_s: float = 30.0) -> None:
     """Kill the coordinator and every drafter actor (the running pool's and the config's), free the
-    placement groups, and wait (at most wait_s) until their names are free again."""
+    placement groups, delete the coordinator's checkpoint, and wait (at most wait_s) until their
+    names are free again."""
     import time
 
     import ray
@@ -189,6 +190,7 @@ def stop_pool(config: ServiceConfig | None = None, wait_s: float = 30.0) -> None
         except ValueError:
             pass
     release(POOL_GROUP, prefix=True)  # the pool's group and those of drafters added later
+    delete_checkpoint()  # a new service starts afresh
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and any(
             a["namespace"] == NAMESPACE and a["name"] in names | {COORDINATOR_NAME}

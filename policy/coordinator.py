@@ -37,14 +37,16 @@ A request whose target stops calling (its replica died mid-request) is forgotten
 
 `add_drafter` grows the pool live: the new arm joins new requests and the ones in flight;
 `remove_drafter` shrinks it: no round picks the arm again, requests in flight carry on with the
-others. The Ray actor body over drafter actors is cluster/coordinator_actor.py.
+others. `learned` and `restore` carry what was learned across requests (each arm's global
+statistics and each drafter's counters) over a restart. The Ray actor body over drafter actors is
+cluster/coordinator_actor.py.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -376,6 +378,29 @@ class Coordinator:
                 stats.drafted += draft.drafted
                 stats.accepted += draft.accepted
                 stats.reward_sum += draft.reward
+
+    def learned(self) -> dict:
+        """What the coordinator has learned across requests, as JSON-able data (its checkpoint): the
+        policy and reward it was learned under, each arm's global statistics (what a warm bandit
+        starts from) and each drafter's counters (`stats`)."""
+        with self._lock:
+            return {"policy": self.spec.name, "reward": self.spec.reward,
+                    "arms": {arm: asdict(s) for arm, s in self.global_stats.items()},
+                    "drafters": {name: asdict(s) for name, s in self.drafter_stats.items()}}
+
+    def restore(self, learned: Mapping) -> bool:
+        """Take a checkpoint's statistics (`learned`) for the drafters in the pool. False, and
+        nothing taken, when it was learned under another policy or reward."""
+        if learned.get("policy") != self.spec.name or learned.get("reward") != self.spec.reward:
+            return False
+        with self._lock:
+            for arm, values in learned.get("arms", {}).items():
+                if arm in self.global_stats:
+                    self.global_stats[arm] = ArmStats(**values)
+            for name, values in learned.get("drafters", {}).items():
+                if name in self.drafter_stats:
+                    self.drafter_stats[name] = DrafterStats(**values)
+        return True
 
     def stats(self) -> dict:
         """Pulls, mean reward and acceptance per drafter, plus the number of open requests."""

@@ -65,6 +65,22 @@ def test_feedback_updates_the_request_bandit_and_the_drafter_statistics():
     assert coordinator.global_stats["a"].mean == pytest.approx(0.8)
 
 
+def test_a_coordinator_restored_from_a_checkpoint_starts_where_the_last_one_left_off():
+    import json
+
+    first = Coordinator({"a": RecordingProposer("a"), "b": RecordingProposer("b")}, policy="metasd-ucb-warm")
+    first.propose("r", [1, 2], None, 3, GREEDY)
+    first.propose("r", [5], verdict("a", 3, 2, 0.8), 3, GREEDY)
+    checkpoint = json.loads(json.dumps(first.learned()))  # as the actor stores it
+    restarted = Coordinator({"a": RecordingProposer("a"), "c": RecordingProposer("c")}, policy="metasd-ucb-warm")
+    assert restarted.restore(checkpoint)
+    assert restarted.stats()["drafters"]["a"] == first.stats()["drafters"]["a"]
+    assert "b" not in restarted.stats()["drafters"]  # a drafter no longer in the pool is not brought back
+    assert restarted.global_stats["a"].mean == pytest.approx(0.8)  # what a warm bandit starts from
+    other = Coordinator({"a": RecordingProposer("a")}, policy="metasd-ucb-cost-warm")  # another reward
+    assert not other.restore(checkpoint) and other.global_stats["a"].pulls == 0
+
+
 def test_no_room_to_draft_means_a_plain_step_without_asking_any_drafter():
     a = RecordingProposer("a")
     coordinator = Coordinator({"a": a}, policy="fixed:a")

@@ -1,7 +1,7 @@
 """Failures on the running Ray service never fail a request and never change an answer: a drafter
 actor that dies or hangs costs rounds their drafts only (per-round deadline), is marked down,
-restarted by Ray and rejoins as an arm; a crashed coordinator is restarted by Ray while requests
-finish on plain decoding. Runs after the other service tests (it kills parts of the service)."""
+restarted by Ray and rejoins as an arm; a crashed coordinator is restarted by Ray, from its checkpoint of
+what it learned, while requests finish on plain decoding. Runs after the other service tests (it kills parts of the service)."""
 import time
 
 import pytest
@@ -121,16 +121,21 @@ def test_a_killed_drafter_never_fails_a_request_and_is_back_after_ray_restarts_i
     assert ask(service) == plain
 
 
-def test_a_crashed_coordinator_leaves_the_service_answering_and_comes_back_with_the_pool(service, plain):
+def test_a_crashed_coordinator_leaves_the_service_answering_and_comes_back_with_the_pool_and_what_it_learned(
+        service, plain):
     import ray
 
     pool_before = sorted(ray.get(coordinator().drafter_handles.remote()))
+    learned = ray.get(coordinator().checkpoint.remote())  # it checkpoints every 2 s anyway
     ray.kill(coordinator(), no_restart=False)
     assert ask(service) == plain  # on plain decoding, or on the restarted coordinator
-    pulls_before = pulls(coordinator_stats())
+    restarted = coordinator_stats()
+    assert sum(counts["pulls"] for counts in learned["drafters"].values()) > 0  # it had learned something to lose
+    for name, counts in learned["drafters"].items():  # ... and kept it over the restart
+        assert restarted["drafters"][name]["pulls"] >= counts["pulls"], name
     assert sorted(ray.get(coordinator().drafter_handles.remote())) == pool_before  # removed ones stay out
     assert ask(service) == plain
-    assert pulls(coordinator_stats()) > pulls_before  # the restarted coordinator drafts again
+    assert pulls(coordinator_stats()) > pulls(restarted)  # the restarted coordinator drafts again
 
 
 def test_a_target_replica_dying_mid_request_gives_clean_errors_then_serve_replaces_it(service, plain):
