@@ -64,6 +64,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def seeded_sampling(self) -> bool:
+        """Sampled with a seed: the output must depend on the seed alone, never on what the engine
+        learned (its drafts are verified whole, as the chosen drafter drafted them)."""
+        return not self.greedy and self.seed is not None
+
 
 def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """Probabilities to sample from. logits: [..., V] -> probs: [..., V] (float32, rows sum to 1).

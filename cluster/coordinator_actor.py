@@ -71,6 +71,7 @@ class CoordinatorActor:
         self._kinds: asyncio.Task | None = None
         self._janitor: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
+        self._checkpointer: asyncio.Task | None = None
         self._checkpointed = load_checkpoint()
         if self._checkpointed is not None and self.core.restore(json.loads(self._checkpointed)):
             logger.info("the coordinator starts from its checkpoint of what earlier requests taught it")
@@ -78,7 +79,7 @@ class CoordinatorActor:
     def _housekeeping(self) -> None:
         if self._janitor is None:
             self._janitor = asyncio.get_running_loop().create_task(self._expire_forever())
-            asyncio.get_running_loop().create_task(self._checkpoint_forever())
+            self._checkpointer = asyncio.get_running_loop().create_task(self._checkpoint_forever())
         if self._kinds is None or self._kinds.done():
             if any(name not in self.kinds_known for name in self.core.drafters):
                 self._kinds = asyncio.get_running_loop().create_task(self._learn_kinds())
@@ -227,18 +228,19 @@ class CoordinatorActor:
             await asyncio.sleep(CHECKPOINT_S)
             self._checkpoint()
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self) -> dict:
         from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
-        data = json.dumps(self.core.learned(), sort_keys=True).encode()
+        learned = self.core.learned()
+        data = json.dumps(learned, sort_keys=True).encode()
         if data != self._checkpointed and _internal_kv_initialized():
             _internal_kv_put(CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
             self._checkpointed = data
+        return learned
 
     async def checkpoint(self) -> dict:
         """Checkpoint what was learned now (it is every CHECKPOINT_S anyway). -> what was saved."""
-        self._checkpoint()
-        return json.loads(self._checkpointed)
+        return self._checkpoint()
 
     async def stats(self) -> dict:
         return self.core.stats() | {"down": sorted(self.down)}

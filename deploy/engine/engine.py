@@ -188,7 +188,7 @@ class SpeculativeEngine:
         self.target.check_length(len(prompt_ids), sampling.max_tokens)
         with self._seed_lock:
             seed = sampling.seed if sampling.seed is not None else int(self._seeds.integers(2**62))
-        cutting = self.cut_drafts and self.costs.plain_step_s > 0 and (sampling.greedy or sampling.seed is None)
+        cutting = self.cut_drafts and self.costs.plain_step_s > 0 and not sampling.seeded_sampling
         request = RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed),
                                SlotSequence(), CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting,
                                tokens=list(prompt_ids),

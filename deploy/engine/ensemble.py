@@ -11,8 +11,8 @@ sum_d a_d q_d / sum_d a_d of the voting drafts' distributions (a point mass for 
 the drafter's own q for a model), and that mixture is the chain's q: rejection sampling against
 it keeps the output distributed as the target's. A model draft's q at depth i is conditioned on
 its own tokens before i, which are the chain's while it votes. Each token's support is its
-`confidence`, which the draft-length statistics calibrate against what the target accepts (drafter
-ENSEMBLE_DRAFTER). The chain ends where no draft continues it.
+`confidence`, which the draft-length statistics calibrate against what the target accepts (under
+the drafter name `ensemble`, the mode's). The chain ends where no draft continues it.
 """
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ import torch
 from actors.proposal import Proposal, SparseDist
 from actors.sampling import SamplingParams
 from policy.registry import ENSEMBLE
-
-ENSEMBLE_DRAFTER = ENSEMBLE  # the drafter name an ensemble draft is verified and calibrated under (the mode's)
 
 
 def ensemble_draft(drafts: Sequence[Proposal], acceptance: Callable[[Proposal, int], list[float]],
@@ -54,7 +52,7 @@ def ensemble_draft(drafts: Sequence[Proposal], acceptance: Callable[[Proposal, i
             confidence.append(support.get(token, dist.probs[index]))
         tokens.append(token)
         voters = [d for d in voters if drafts[d].token_ids[depth] == token and len(drafts[d].token_ids) > depth + 1]
-    return Proposal(ENSEMBLE_DRAFTER, tuple(tokens), q=tuple(q) if q else None, confidence=tuple(confidence) or None)
+    return Proposal(ENSEMBLE, tuple(tokens), q=tuple(q) if q else None, confidence=tuple(confidence) or None)
 
 
 def _mixture(voters: Sequence[Proposal], weights: Sequence[float], depth: int) -> SparseDist:

@@ -14,10 +14,10 @@ from deploy.engine.acceptance import Verdict
 from deploy.engine.cost_model import BatchCosts, ForwardCosts
 from deploy.engine.counterfactual import ShadowScore
 from deploy.engine.draft_length import DraftLengths
-from deploy.engine.ensemble import ENSEMBLE_DRAFTER
 from deploy.engine.planner import Drafts
 from deploy.engine.request import RequestState
 from policy.coordinator import DraftRound, Feedback, RoundFeedback
+from policy.registry import ENSEMBLE
 from policy.reward import COST, round_reward
 
 
@@ -77,7 +77,7 @@ class RoundLearner:
         feedback += [self._counterfactual(s, pricing) for s in final]
         reward = max((f.reward for f in feedback if not f.counterfactual), default=0.0)
         # an ensemble draft is no arm of the bandit: its drafters learn from their own drafts (shadows)
-        feedback = [f for f in feedback if f.drafter != ENSEMBLE_DRAFTER]
+        feedback = [f for f in feedback if f.drafter != ENSEMBLE]
         return (RoundFeedback(tuple(feedback)) if feedback else None), reward
 
     def last_feedback(self, request: RequestState) -> RoundFeedback | None:

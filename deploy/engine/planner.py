@@ -110,7 +110,7 @@ class DraftPlanner:
         verified (deploy/engine/ensemble.py); each drafter's own draft becomes a shadow, scored
         against the output, which is what teaches the ensemble's weights. A seeded sampled request
         verifies the chosen draft: its output must depend on its seed alone, not on learned weights."""
-        if not request.sampling.greedy and request.sampling.seed is not None:
+        if request.sampling.seeded_sampling:
             return round_
         drafts = (*round_.proposals, *round_.shadows)
         chain = ensemble_draft(drafts, self.draft_lengths.acceptance, request.sampling, request.generator,

@@ -13,8 +13,9 @@ from actors.proposal import Proposal, SparseDist
 from actors.sampling import SamplingParams
 from deploy.engine.cost_model import max_positions
 from deploy.engine.engine import SpeculativeEngine
-from deploy.engine.ensemble import ENSEMBLE_DRAFTER, ensemble_draft
+from deploy.engine.ensemble import ensemble_draft
 from deploy.engine.verify import verify
+from policy.registry import ENSEMBLE
 from tests.conftest import CHAT_PROMPTS
 from tests.engine.test_counterfactual import FixedCosts
 
@@ -34,7 +35,7 @@ def test_two_drafts_that_agree_outvote_a_stronger_draft_alone():
     drafts = [Proposal("strong", (6,)), Proposal("a", (5,)), Proposal("b", (5,))]
     chain = ensemble_draft(drafts, acceptance_by_drafter({"strong": 0.7, "a": 0.5, "b": 0.5}), GREEDY,
                            torch.Generator(), k=4)
-    assert chain.token_ids == (5,) and chain.drafter == ENSEMBLE_DRAFTER
+    assert chain.token_ids == (5,) and chain.drafter == ENSEMBLE
     assert chain.confidence == pytest.approx((0.75,))  # 1 - (1 - 0.5)^2
 
 
@@ -94,4 +95,4 @@ def test_the_ensemble_mode_reproduces_plain_greedy_decoding(target):
     for attempt in range(2):  # the second time the suffix cache drafts the whole answer
         result = engine.generate(messages=CHAT_PROMPTS[0], sampling=sampling)
         assert result.token_ids == plain.token_ids, f"attempt {attempt}"
-        assert sum(r.drafted for r in result.rounds if r.drafter == ENSEMBLE_DRAFTER) > 0
+        assert sum(r.drafted for r in result.rounds if r.drafter == ENSEMBLE) > 0
