@@ -5,7 +5,8 @@ requests, then the model drafter if any), `hf` (a model drafter; needs a draft m
 target's vocabulary drafts its tokens, one of another family, loaded with its own tokenizer,
 drafts text across the vocabularies, actors/cross_vocab.py), `none`
 (the no-draft arm), `eagle` (an EAGLE-style head on the target's features, trained for the target by
-`specfleet train-eagle`; actors/eagle.py), and the task specialists built by `specfleet specialists` (actors/specialists.py),
+`specfleet train-eagle`; actors/eagle.py), `recycling` (Token Recycling: a draft tree from the target's
+own earlier predictions, over the prior `specfleet recycling-prior` builds; actors/recycling.py), and the task specialists built by `specfleet specialists` (actors/specialists.py),
 which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
 their task knowledge: `retrieval-<task>` (its datastore, when it matches a longer tail) and
 `distill-<task>` (its distilled model), and `othervocab` (the same build's LM of another
@@ -25,10 +26,11 @@ from actors.models import DEFAULT_MODEL
 from actors.ngram import NgramProposer
 from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
+from actors.recycling import RECYCLING
 from actors.specialists import OTHER_VOCAB, built_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 
-DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", NO_DRAFT)
+DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", RECYCLING, NO_DRAFT)
 DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)
 POOLS = ("default", "specialists")
 DISTILL_MIN_CONFIDENCE = 0.4  # a distilled specialist stops drafting after a token it is less sure of
@@ -89,6 +91,8 @@ def build_drafters(
             pool[name] = SuffixProposer()
         elif name == NO_DRAFT:
             pool[name] = NoDraftProposer()
+        elif name == RECYCLING:
+            pool[name] = _recycling(target, target_vocab_size)
         elif name == "hf":
             if draft_model is None:
                 raise InvalidRequestError("drafters", "'hf' needs a draft model (--draft-model)")
@@ -118,6 +122,26 @@ def _model_drafter(model: torch.nn.Module, name: str, target_vocab_size: int | N
     from actors.models import load_tokenizer
 
     return CrossVocabularyProposer(model, tokenizer, load_tokenizer(target), name=name, min_confidence=min_confidence)
+
+
+def _recycling(target: str, target_vocab_size: int | None) -> Proposer:
+    """Token Recycling over the prior built for `target` (on this machine, else shipped), or, for a
+    target without one, over an empty prior of its vocabulary (it then drafts from what its
+    tenants' requests write)."""
+    from actors.recycling import RecyclingProposer
+    from actors.recycling_table import RecyclingTable, empty_prior, find_prior, load_prior
+
+    path = find_prior(target)
+    if path is not None:
+        prior = load_prior(path)
+        if target_vocab_size is not None and prior.vocab_size < target_vocab_size:
+            raise InvalidRequestError("drafters", f"the recycling prior at {path} has {prior.vocab_size} rows, the "
+                                                  f"target {target_vocab_size} tokens: rebuild it (specfleet recycling-prior)")
+    else:
+        from actors.models import model_vocab_size
+
+        prior = empty_prior(target_vocab_size or model_vocab_size(target))
+    return RecyclingProposer(RecyclingTable(prior))
 
 
 def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> Proposer:

@@ -10,7 +10,8 @@ A drafter that drafts a token tree (the eagle head) sends one chain with the oth
 chains as `branches`; the engine verifies them as one tree (deploy/engine/draft_tree.py). Under
 sampling the chains are independent draws, each token from its q given its own chain.
 `confidence` is the drafter's own probability of each token given the ones before it, which the
-engine calibrates against what the target accepts (deploy/engine/draft_length.py).
+engine calibrates against what the target accepts (deploy/engine/draft_length.py), per depth and
+per `ranks` (each token's rank among its source's candidates) when the drafter states them.
 
 A Proposer keeps one session per request. Each `propose` call carries `context_delta`: the
 committed tokens (prompt, then accepted output) the drafter has not seen yet for that session;
@@ -49,19 +50,23 @@ class Proposal:
     source: str = ""  # which of a composite drafter's sources drafted it ("" = the drafter itself)
     confidence: tuple[float, ...] | None = None  # per token, the drafter's P(it is right | the tokens before it are)
     branches: tuple["Proposal", ...] = ()  # a draft tree's other root-to-leaf chains (greedy: more likely first)
+    ranks: tuple[int, ...] | None = None  # per token, its rank among its source's candidates there (0: the best)
 
     def __post_init__(self) -> None:
         if self.q is not None and len(self.q) != len(self.token_ids):
             raise ValueError("q must have one distribution per drafted token")
         if self.confidence is not None and len(self.confidence) != len(self.token_ids):
             raise ValueError("confidence must have one value per drafted token")
+        if self.ranks is not None and len(self.ranks) != len(self.token_ids):
+            raise ValueError("ranks must have one value per drafted token")
 
     def cut(self, length: int) -> "Proposal":
         """The draft's first `length` tokens (with their q): itself a draft, so verifying it is lossless."""
         if length >= len(self.token_ids):
             return self
         return replace(self, token_ids=self.token_ids[:length], q=None if self.q is None else self.q[:length],
-                       confidence=None if self.confidence is None else self.confidence[:length])
+                       confidence=None if self.confidence is None else self.confidence[:length],
+                       ranks=None if self.ranks is None else self.ranks[:length])
 
     def chains(self) -> tuple["Proposal", ...]:
         """The draft as chains: itself, then each branch (the branches carry none of their own)."""
@@ -87,6 +92,13 @@ class Proposer(Protocol):
 def is_model_free(drafter: object) -> bool:
     """Whether a drafter says it runs no model (drafts for free); one that does not say is a model."""
     return getattr(drafter, "model_free", False) is True
+
+
+def needs_predictions(drafter: object) -> bool:
+    """Whether a drafter learns from the target's own predictions (`needs_predictions = True`,
+    actors/recycling.py): it has a `recycle(tenant, tokens, ids, probs)` method, which the
+    coordinator calls with the top-k of the target's verification logits before it drafts."""
+    return getattr(drafter, "needs_predictions", False) is True
 
 
 def needs_features(drafter: object) -> bool:

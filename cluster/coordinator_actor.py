@@ -96,6 +96,8 @@ class CoordinatorActor:
         shadows it (`DrafterActor.propose_batch`), the drafters in parallel, each within the
         round's deadline; a drafter that fails or misses it costs those requests its draft."""
         self._housekeeping()
+        for call in calls:
+            self.core.recycle(call.predictions, call.sampling)
         chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k, c.features) for c in calls]
         asked: dict[str, list[tuple[int, bool]]] = {}  # drafter -> (call index, chosen there)
         for index, selection in enumerate(chosen):
@@ -110,11 +112,11 @@ class CoordinatorActor:
         for (arm, entries), proposals in zip(asked.items(), answers):
             for (index, _), proposal in zip(entries, proposals):
                 drafts[index][arm] = proposal
-        wanted = self.core.wants_features
-        return [replace(PLAIN_ROUND, features_wanted=wanted) if selection is None else
+        wanted, recycled = self.core.wants_features, self.core.wants_predictions
+        return [replace(PLAIN_ROUND, features_wanted=wanted, predictions_wanted=recycled) if selection is None else
                 DraftRound((drafts[i][selection.arm],),
                            tuple(d for arm in selection.shadows if (d := drafts[i][arm]) is not None), self.core.spec.verify,
-                           features_wanted=wanted)
+                           features_wanted=wanted, predictions_wanted=recycled)
                 for i, selection in enumerate(chosen)]
 
     async def _draft_many(self, arm: str, calls: list[tuple]) -> list[Proposal | None]:
@@ -361,6 +363,7 @@ class RemoteCoordinator:
         stats = ray.get(handle.stats.remote())
         self.reward_kind = stats["reward"]
         self.wants_features = bool(stats.get("features"))  # then the engine collects the target's features
+        self.wants_predictions = bool(stats.get("predictions"))  # then it sends its top-k predictions
         self.degraded: set[str] = set()  # requests finishing on plain decoding since a coordinator failure
         self._lock = threading.Lock()
         self._registration: tuple[str, dict] | None = None
@@ -389,6 +392,7 @@ class RemoteCoordinator:
         for i, round_ in zip(live, answered):
             rounds[i] = round_
         self.wants_features = any(round_.features_wanted for round_ in answered)  # the pool grows and shrinks
+        self.wants_predictions = any(round_.predictions_wanted for round_ in answered)
         return rounds
 
     def draft_deferred(self, request_id, tokens, sampling) -> tuple:

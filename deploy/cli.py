@@ -112,13 +112,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise InvalidRequestError("split", f"{args.prompts} holds no {args.split} prompts (of the tasks asked for)")
     if args.limit:
         prompts = prompts[: args.limit]
+    if args.tree_budget is not None and args.tree_budget < 1:
+        raise InvalidRequestError("tree_budget", f"must be at least 1, got {args.tree_budget}")
     drafters = parse_drafter_names(_drafter_names(args))
     expand_runs(args.runs, drafters, args.draft_model is not None)  # a bad run or drafter name fails before the model loads
     target, draft_model = _load(args)
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=drafters, draft_model=draft_model, progress=not args.no_progress,
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile,
-                       cut_drafts=not args.no_cut)
+                       cut_drafts=not args.no_cut, tree_budget=args.tree_budget)
     table = render_table(report)
     if args.out:
         from deploy.bench.charts import concurrency_chart, drafter_chart, speedup_chart
@@ -271,6 +273,30 @@ def _shard_list(text: str) -> list[int]:
     return shards
 
 
+def cmd_recycling_prior(args: argparse.Namespace) -> int:
+    from actors.models import load_causal_lm
+    from actors.recycling_table import prior_dir
+    from deploy.engine.target import TargetModel
+    from deploy.specialists.eagle_corpus import CORPUS_DIR, load_corpus
+    from deploy.specialists.recycling_prior import write_prior
+
+    if args.limit is not None and args.limit < 1:
+        raise InvalidRequestError("limit", f"must be at least 1, got {args.limit}")
+    shards = _shard_list(args.shards) if args.shards else None
+    target = TargetModel(load_causal_lm(args.model, dtype=args.dtype, device=args.device))
+    corpus_dir = Path(args.corpus) if args.corpus else CORPUS_DIR
+    examples, corpus = load_corpus(target, corpus_dir, shards)
+    if not examples:
+        raise InvalidRequestError("corpus", f"no corpus shards (shard-*.jsonl.gz) in {corpus_dir}")
+    examples = examples[: args.limit]
+    out = Path(args.out) if args.out else prior_dir(args.model)
+    manifest = write_prior(target, args.model, examples, corpus | {"dir": corpus_dir.name}, out, progress=not args.no_progress)
+    print(json.dumps(manifest, indent=1))
+    print(f"recycling prior for {args.model} at {out}: {manifest['rows']} rows from {manifest['corpus']['positions_read']} "
+          f"positions in {manifest['build_s']:.0f} s", file=sys.stderr)
+    return 0
+
+
 def cmd_eagle_corpus(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from deploy.engine.target import TargetModel
@@ -381,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,
                        help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
+    bench.add_argument("--tree-budget", type=int, default=None,
+                       help="the most draft nodes a round verifies (in-process engines; also the recycling drafter's tree size)")
     bench.add_argument("--no-cut", action="store_true",
                        help="verify every drafted token, not the length worth verifying: each drafter's acceptance at the full --k")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -456,6 +484,19 @@ def build_parser() -> argparse.ArgumentParser:
     corpus.add_argument("--max-new-tokens", type=int, default=None, help="the longest answer (default 192)")
     corpus.add_argument("--out", default=None, help="directory of the shards (default: the embedded target's, in the repository)")
     corpus.set_defaults(func=cmd_eagle_corpus)
+
+    prior = sub.add_parser("recycling-prior", help="build the recycling drafter's prior: the target's own top-k predictions "
+                                                   "over the eagle corpus, a table of a few MB with its manifest")
+    prior.add_argument("--model", default="smollm2-135m", help="the target")
+    prior.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    prior.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: CUDA when available)")
+    prior.add_argument("--corpus", default=None,
+                       help="corpus shards' directory (specfleet eagle-corpus --out; default: the embedded target's, in the repository)")
+    prior.add_argument("--shards", default=None, help="which corpus shards, e.g. 0-9 (default: every shard there)")
+    prior.add_argument("--limit", type=int, default=None, help="only the first N corpus examples")
+    prior.add_argument("--out", default=None, help="directory for the prior (default: where `--drafters recycling` looks first)")
+    prior.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prior.set_defaults(func=cmd_recycling_prior)
 
     drafters = sub.add_parser("drafters", help="the running service's drafter pool (admin API; needs the admin token)")
     actions = drafters.add_subparsers(dest="action", required=True)

@@ -32,6 +32,11 @@ it committed since (`DraftCall.features`), the coordinator keeps them per reques
 drafter receives, beside its unseen tokens, the features it has not seen. Other drafters never
 see them.
 
+A drafter that recycles the target's own predictions (`needs_predictions`: `recycling`,
+actors/recycling.py) gets, with each call (`DraftCall.predictions`, while `wants_predictions`),
+the top-k of the target's logits at the positions its last verification scored, written into its
+table under the request's tenant (`recycle`) before the round drafts.
+
 A request whose target stops calling (its replica died mid-request) is forgotten after
 `request_ttl_s` without a call, and its drafter sessions are released (`expire`).
 
@@ -52,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from actors.no_draft import NO_DRAFT
-from actors.proposal import Proposal, Proposer, is_model_free, needs_features
+from actors.proposal import Proposal, Proposer, is_model_free, needs_features, needs_predictions
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, TREE, parse_policy
@@ -86,6 +91,7 @@ class DraftRound:
     verify: str = DEFAULT_VERIFY  # how the engine verifies them (policy/registry.py VERIFY_MODES)
     deferred: tuple[str, ...] = ()  # chosen model drafters left for `draft_deferred`
     features_wanted: bool = False  # the pool has a drafter that reads the target's features
+    predictions_wanted: bool = False  # the pool has a drafter that recycles the target's predictions
 
     @property
     def tree(self) -> bool:
@@ -117,6 +123,7 @@ class DraftCall:
     sampling: SamplingParams
     defer_models: bool = False
     features: Any = None  # the target's features of the positions committed since its last call ([m, H] tensor)
+    predictions: Any = None  # the target's top-k predictions at the positions it verified since: (tokens [n], ids [n, k], probs [n, k])
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,7 @@ class Coordinator:
         self._rng = np.random.default_rng(seed)
         self.model_free = {name for name, d in self.drafters.items() if is_model_free(d)}
         self.feature_arms = {name for name, d in self.drafters.items() if needs_features(d)}
+        self.prediction_arms = {name for name, d in self.drafters.items() if needs_predictions(d)}
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -192,6 +200,22 @@ class Coordinator:
     def wants_features(self) -> bool:
         """Whether a drafter of the pool reads the target's features (then the target sends them)."""
         return bool(self.feature_arms)
+
+    @property
+    def wants_predictions(self) -> bool:
+        """Whether a drafter of the pool recycles the target's predictions (then the target sends them)."""
+        return bool(self.prediction_arms)
+
+    def recycle(self, predictions: Any, sampling: SamplingParams) -> None:
+        """The target's top-k predictions of a request's last verification (DraftCall.predictions)
+        into every recycling drafter's table, under the request's tenant (its cache_salt), before
+        the round drafts."""
+        if predictions is None or not self.prediction_arms:
+            return
+        for arm in tuple(self.prediction_arms):
+            drafter = self.drafters.get(arm)
+            if drafter is not None:
+                drafter.recycle(sampling.cache_salt, *predictions)
 
     def select(
         self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int, features: Any = None
@@ -244,14 +268,16 @@ class Coordinator:
         sampling: SamplingParams,
         defer_models: bool = False,
         features: Any = None,
+        predictions: Any = None,
     ) -> DraftRound:
         """The chosen drafter and the shadows draft (in this process one after the other; the Ray
         actor body drafts in parallel). `defer_models`: a chosen model drafter is left for
         `draft_deferred` (the round's `deferred`), so the caller can size its draft by the cheap
         drafts in hand."""
+        self.recycle(predictions, sampling)
         chosen = self.select(request_id, new_tokens, feedback, k, features)
         if chosen is None:
-            return replace(PLAIN_ROUND, features_wanted=self.wants_features)
+            return replace(PLAIN_ROUND, features_wanted=self.wants_features, predictions_wanted=self.wants_predictions)
         arm = chosen.arm
         if defer_models and arm not in self.model_free and arm != NO_DRAFT:
             with self._lock:
@@ -264,12 +290,12 @@ class Coordinator:
             deferred = ()
         shadows = tuple(self._draft(a, request_id, chosen.deltas[a], k, sampling, chosen.features.get(a))
                         for a in chosen.shadows)
-        return DraftRound(proposals, shadows, self.spec.verify, deferred, self.wants_features)
+        return DraftRound(proposals, shadows, self.spec.verify, deferred, self.wants_features, self.wants_predictions)
 
     def propose_batch(self, calls: Sequence[DraftCall]) -> list[DraftRound]:
         """Every request of a batch iteration in one call (in this process one after the other)."""
-        return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models, c.features)
-                for c in calls]
+        return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models, c.features,
+                             c.predictions) for c in calls]
 
     def draft_deferred(self, request_id: str, tokens: Mapping[str, int], sampling: SamplingParams) -> tuple[Proposal, ...]:
         """Draft the round's deferred model drafters, each asked for `tokens[arm]` tokens; an arm
@@ -337,6 +363,8 @@ class Coordinator:
                 self.model_free.add(name)
             if needs_features(drafter):
                 self.feature_arms.add(name)
+            if needs_predictions(drafter):
+                self.prediction_arms.add(name)
             self.drafter_stats.setdefault(name, DrafterStats())  # a drafter rejoining keeps its statistics
             if name in spec.arms:
                 self.global_stats.setdefault(name, ArmStats())
@@ -355,6 +383,7 @@ class Coordinator:
             self.spec = spec
             self.model_free.discard(name)
             self.feature_arms.discard(name)
+            self.prediction_arms.discard(name)
             if not keep_stats:
                 self.drafter_stats.pop(name, None)
                 self.global_stats.pop(name, None)
@@ -411,6 +440,7 @@ class Coordinator:
                 "reward": self.spec.reward,
                 "active_requests": len(self.requests),
                 "features": self.wants_features,
+                "predictions": self.wants_predictions,
                 "drafters": {
                     name: {
                         "pulls": s.pulls,

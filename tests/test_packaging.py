@@ -99,6 +99,8 @@ print(json.dumps({
     "prompts": sorted(str(p.relative_to(PROMPTS_DIR)) for p in PROMPTS_DIR.rglob("*.jsonl")),
     "train": sorted(p.name for p in specialists.TRAIN_PROMPTS.glob("*.jsonl")),
     "proto": (Path(pb2.__file__).parent / "specfleet.proto").is_file(),
+    "recycling_prior": __import__("actors.recycling_table", fromlist=["is_prior_dir"]).is_prior_dir(
+        __import__("actors.recycling_table", fromlist=["shipped_prior"]).shipped_prior("smollm2-135m")),
     "servicer": servicer.__name__, "stub": pb2_grpc.SpecfleetStub.__name__,
     "request": pb2.GenerateRequest(prompt="x").prompt,
 }))
@@ -120,6 +122,7 @@ def test_non_editable_install_has_the_code_the_data_and_the_grpc_stubs(installed
     source_prompts = sorted(str(p.relative_to(REPO / "deploy" / "prompts")) for p in (REPO / "deploy" / "prompts").rglob("*.jsonl"))
     assert found["prompts"] == source_prompts and any(p.startswith("train/") for p in source_prompts)
     assert found["train"] == sorted(p.name for p in (REPO / "deploy" / "prompts" / "train").glob("*.jsonl"))
+    assert found["recycling_prior"]  # the shipped recycling prior (table and manifest) is in the wheel
     assert found["proto"]
     assert (found["servicer"], found["stub"], found["request"]) == ("add_SpecfleetServicer_to_server", "SpecfleetStub", "x")
 

@@ -32,6 +32,7 @@ from actors.no_draft import NO_DRAFT
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.regret import request_regret
 from deploy.bench.sample import Sample
+from deploy.bench.spec_bench import is_spec_bench, spec_bench_table
 from deploy.bench.uncertainty import ORACLE, cross_validated_oracle, ratio_interval
 from policy.registry import TREE, split_run_policy
 
@@ -282,6 +283,8 @@ def render_table(report: dict) -> str:
                 cost = "" if s["draft_ms_per_token"] is None else f"{s['draft_ms_per_token']:.2f}"
                 lines.append(f"| {name} | {s['task']} | {s['tokens_per_forward']:.2f} | {s['best_other']} | "
                              f"{s['best_other_tokens_per_forward'] or 0:.2f} | {'yes' if s['beats_others'] else 'NO'} | {cost} |")
+    if is_spec_bench(tasks):
+        lines += spec_bench_table(runs)
     by_position = [r for r in runs if r.get("acceptance_by_position")]
     if by_position:
         depth = max(len(r["acceptance_by_position"]) for r in by_position)

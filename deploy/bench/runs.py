@@ -96,6 +96,7 @@ def run_bench(
     trace_prompt: str | None = None,
     cost_profile: str | None = None,
     cut_drafts: bool = True,
+    tree_budget: int | None = None,
 ) -> dict:
     from tqdm import tqdm
 
@@ -120,7 +121,7 @@ def run_bench(
         elif run.startswith("peer:"):
             generators[run] = HFPeer(run.removeprefix("peer:"), target, draft_model).generate
         else:
-            engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile)
+            engine = make_engine(run, target, drafter_names, k, draft_model, cut_drafts, profile, tree_budget)
             if profile is not None and run != "ar":  # ar runs without the profile
                 draft_scale = engine.costs.draft_scale
             generators[run] = _engine_generator(engine, profile)
@@ -167,6 +168,7 @@ def run_bench(
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
                    "prompts": len(prompts), "splits": sorted({p.split for p in prompts}),
                    "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
+                   **({"tree_budget": tree_budget} if tree_budget is not None else {}),
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
                       if profile else {}), **eagle},

@@ -7,8 +7,9 @@ once per target, `TargetModel.forward_profile`): a draft's forward is padded wit
 one-draft (or plain) forward of each size start at the target's profile and follow a running mean
 of the rounds seen (`observe`); a reward is charged that running mean for its size, so one slow
 forward (the machine's noise, not the drafter's doing) does not sink the arm that happened to be
-pulled; a tree's forward (no running mean) is charged as measured. A larger tree than the largest
-size measured costs in proportion to it. Drafting is charged as measured: the coordinator call as
+pulled; a tree's forward (no running mean) is charged as measured. A tree larger than a chain's largest
+forward is priced from a few larger sizes measured at load (`TREE_SIZES`), interpolated, and
+beyond the largest in proportion to it. Drafting is charged as measured: the coordinator call as
 the target saw it.
 
 A bench that decides as on another device subclasses it (deploy/bench/device_costs.py); the
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from deploy.engine.defaults import MAX_PADDING
 from deploy.engine.target import TargetModel
 from policy.coordinator import DraftRound
+
+
+TREE_SIZES = (16, 24, 32, 48, 64, 96)  # forward sizes measured for trees beyond a chain's largest forward
 
 
 def max_positions(k: int, max_padding: int = MAX_PADDING) -> int:
@@ -38,6 +42,9 @@ class ForwardCosts:
             self.padded_size = [target.padded_length(n, max_positions) for n in self.padded_size]
         # verify_s_by_size[n]: seconds of a one-draft verification over a forward of n positions (1 = a plain step)
         self.verify_s_by_size = [0.0] * (max_positions + 1) if target is None else [0.0, *target.forward_profile(max_positions)]
+        # a tree larger than that (several drafts, a recycled or eagle tree): measured at a few sizes, interpolated
+        self.tree_sizes = [n for n in TREE_SIZES if n > max_positions] if target is not None else []
+        self.tree_s = target.batch_profile(self.tree_sizes, rows=1, context=128) if self.tree_sizes else []
 
     @property
     def plain_step_s(self) -> float:
@@ -46,10 +53,15 @@ class ForwardCosts:
 
     def forward_s(self, n: int) -> float:
         """Seconds of a verification forward over n positions: the padded size's, for a one-draft
-        forward; a larger tree in proportion to the largest size measured."""
+        forward; a larger tree interpolated between the tree sizes measured (in proportion beyond them)."""
         if n <= self.max_positions:
             return self.verify_s_by_size[self.padded_size[n]]
-        return self.verify_s_by_size[self.max_positions] * n / self.max_positions
+        sizes, seconds = [self.max_positions, *self.tree_sizes], [self.verify_s_by_size[self.max_positions], *self.tree_s]
+        if n >= sizes[-1]:
+            return seconds[-1] * n / sizes[-1]
+        upper = next(i for i, size in enumerate(sizes) if size >= n)
+        low, high = sizes[upper - 1], sizes[upper]
+        return seconds[upper - 1] + (seconds[upper] - seconds[upper - 1]) * (n - low) / (high - low)
 
     def shadow_verify_s(self, drafted: int) -> float:
         """What verifying a draft of `drafted` tokens alone would have cost (a shadow's price)."""

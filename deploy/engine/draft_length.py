@@ -10,7 +10,9 @@ length of context it matched, its evidence (actors/proposal.py; 0 when a drafter
 how often draft position i was reached (every earlier drafted token accepted) and accepted, over
 every verified draft. A draft that states its confidence per token (the eagle head's probability
 of each token given its parent) is rated by calibration instead: per drafter, how often its
-tokens of each confidence decile were accepted when reached, with the confidence as the prior.
+tokens of each confidence decile were accepted when reached, with the confidence as the prior;
+a draft that also states each token's rank among its source's candidates (the recycling drafter's
+tree) is calibrated per (drafter, depth, rank, confidence decile).
 A draft of n tokens is cut to the length l in 0..n with the most expected tokens per second:
 
     a_i = (accepted_i + PRIOR * WEIGHT) / (reached_i + WEIGHT)
@@ -43,17 +45,27 @@ PRIOR = 0.6  # acceptance assumed for a position never reached yet (optimistic e
 WEIGHT = 2.0  # pseudo-counts behind PRIOR
 MAX_MATCH_KEY = 8  # longer matches share one row of statistics
 CONFIDENCE, CONFIDENCE_BINS = "confidence", 10  # a drafter's stated confidences, calibrated in 10 bins
+DEPTH_CELLS, RANK_CELLS = 4, 4  # a draft that states ranks is calibrated per (depth, rank): 1, 2, 3, 4+ x 0, 1, 2, 3+
 
 
 def _bin(confidence: float) -> int:
     return min(CONFIDENCE_BINS - 1, max(0, int(confidence * CONFIDENCE_BINS)))
 
 
+def _cell(proposal: Proposal, position: int) -> int:
+    """The calibration cell of a draft's position (0-based): 0 without ranks, else its (depth, rank)'s."""
+    if proposal.ranks is None:
+        return 0
+    return 1 + min(position, DEPTH_CELLS - 1) * RANK_CELLS + min(proposal.ranks[position], RANK_CELLS - 1)
+
+
 class DraftLengths:
-    def __init__(self, cost_s: Callable[[int], float], forward_size: Callable[[int], int], max_k: int) -> None:
+    def __init__(self, cost_s: Callable[[int], float], forward_size: Callable[[int], int], max_k: int,
+                 max_nodes: int | None = None) -> None:
         """cost_s(n): seconds of a verification forward over n positions (n = 1: a plain step);
-        forward_size(n): the padded size the engine runs for n positions."""
-        self.cost_s, self.forward_size, self.max_k = cost_s, forward_size, max_k
+        forward_size(n): the padded size the engine runs for n positions; max_nodes: the most draft
+        nodes a round's tree may verify (None: as many as pay)."""
+        self.cost_s, self.forward_size, self.max_k, self.max_nodes = cost_s, forward_size, max_k, max_nodes
         self._reached: dict[tuple[str, str, int], np.ndarray] = {}
         self._accepted: dict[tuple[str, str, int], np.ndarray] = {}
 
@@ -95,7 +107,7 @@ class DraftLengths:
         beats it. Node-level, as in EAGLE-2: a draft's first tokens can join while its tail, or a
         weaker draft, is left out."""
         tree, accepted = self.node_probabilities(proposals)
-        order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
+        order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))[: self.max_nodes]
         best_size, best_rate, expected = 0, 1.0 / self.cost_s(1), 1.0
         for size, node in enumerate(order, start=1):
             expected += accepted[node]
@@ -142,8 +154,8 @@ class DraftLengths:
             best[: len(chain)] = np.maximum(best[: len(chain)], chain)
         return best.tolist()
 
-    def _calibration(self, drafter: str) -> tuple[np.ndarray, np.ndarray]:
-        key = (drafter, CONFIDENCE, 0)
+    def _calibration(self, drafter: str, cell: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        key = (drafter, CONFIDENCE, cell)
         if key not in self._reached:
             self._reached[key], self._accepted[key] = np.zeros(CONFIDENCE_BINS), np.zeros(CONFIDENCE_BINS)
         return self._reached[key], self._accepted[key]
@@ -155,9 +167,11 @@ class DraftLengths:
         if not n:
             return []  # an empty draft (a plain step) needs no statistics row
         if proposal.confidence is not None:
-            reached, accepted = self._calibration(proposal.drafter)
-            bins = [_bin(c) for c in proposal.confidence[:n]]
-            return [(float(accepted[b]) + c * WEIGHT) / (float(reached[b]) + WEIGHT) for b, c in zip(bins, proposal.confidence)]
+            out = []
+            for i, c in enumerate(proposal.confidence[:n]):
+                reached, accepted = self._calibration(proposal.drafter, _cell(proposal, i))
+                out.append((float(accepted[_bin(c)]) + c * WEIGHT) / (float(reached[_bin(c)]) + WEIGHT))
+            return out
         reached, accepted = self._rows(proposal)
         return [(float(accepted[i]) + PRIOR * WEIGHT) / (float(reached[i]) + WEIGHT) for i in range(n)]
 
@@ -196,8 +210,8 @@ class DraftLengths:
         if not drafted:
             return
         if proposal.confidence is not None:
-            reached, accepted_counts = self._calibration(proposal.drafter)
             for i, c in enumerate(proposal.confidence[: min(accepted + 1, drafted)]):
+                reached, accepted_counts = self._calibration(proposal.drafter, _cell(proposal, i))
                 reached[_bin(c)] += 1
                 accepted_counts[_bin(c)] += i < accepted
             return

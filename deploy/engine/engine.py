@@ -12,7 +12,10 @@ scheduler, deploy/engine/scheduler.py, batches many). Each part of the round liv
              a drafter that reads the target's features (actors/eagle.py), the forward's
              features of the prefill and of each accepted path are kept and ride on the next call
     accept   deploy/engine/acceptance.py: lossless acceptance from the forward's logits (one
-             rejection sampler for a chain or a tree); each cache keeps its accepted path only
+             rejection sampler for a chain or a tree); each cache keeps its accepted path only;
+             while the pool has a drafter that recycles the target's predictions
+             (actors/recycling.py), the top-k of the logits at every verified position
+             (deploy/engine/predictions.py) ride on the next call
     learn    deploy/engine/learning.py: the rewards and the shadows' scores become the feedback
              that rides on the next coordinator call; the draft-length statistics learn from both
     emit     deploy/engine/output.py: the round's tokens join the output, honouring EOS,
@@ -48,6 +51,7 @@ from deploy.engine.defaults import MAX_K, MAX_PADDING, K
 from deploy.engine.draft_length import DraftLengths
 from deploy.engine.learning import RoundLearner, batch_pricing
 from deploy.engine.planner import DraftPlanner
+from deploy.engine.predictions import top_predictions
 from deploy.engine.request import ABORT, GenerationResult, RequestState, RoundTrace
 from deploy.engine.slot_kv import SlotSequence
 from deploy.engine.target import BatchRow, TargetModel
@@ -73,12 +77,14 @@ class SpeculativeEngine:
         cut_drafts: bool = True,
         verify: str = DEFAULT_VERIFY,
         costs: ForwardCosts | None = None,
+        max_tree_nodes: int | None = None,
     ) -> None:
         """cut_drafts: verify only as much of each draft as pays for its forward (and in `tree`
         mode the nodes that pay, deploy/engine/draft_length.py); False verifies every drafted token
         of the chosen draft. A sampled request with a seed always verifies the chosen draft whole:
         cuts depend on measured times, and its output must depend on the seed alone. costs: the
-        cost model (default: this machine's, measured on the target)."""
+        cost model (default: this machine's, measured on the target). max_tree_nodes: the most
+        draft nodes a round verifies (None: as many as pay)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise InvalidRequestError("k", f"must be an integer in 1..{MAX_K}, got {k!r}")
         if (drafters is None) == (coordinator is None):
@@ -93,7 +99,7 @@ class SpeculativeEngine:
         only_plain = drafters is not None and set(drafters) == {NO_DRAFT}
         self.costs = costs or ForwardCosts(None if only_plain else target, max_positions(k, max_padding), max_padding)
         # how many of each draft's tokens to verify, learned from the verifications (deploy/engine/draft_length.py)
-        self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k)
+        self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k, max_tree_nodes)
         self.planner = DraftPlanner(k, self.costs, self.draft_lengths)
         self.learner = RoundLearner(self.reward_kind, k, self.costs, self.draft_lengths)
 
@@ -165,6 +171,9 @@ class SpeculativeEngine:
                 verdict = accept(self.kv, request, round_, plan, row_logits, verify_s, self.reward_kind == BD)
                 if request.features is not None:  # the accepted path's positions: a feature per emitted token
                     request.features.append(plan.row.features[list(verdict.branch_rows)])
+                if request.predictions is not None:  # every verified position's top-k, for the recycling drafter
+                    request.predictions.append(top_predictions(plan.row.token_ids, row_logits, 1 + verdict.drafted,
+                                                               verdict.branch_rows))
                 # a batch shares its coordinator call: each request is charged its share
                 request.feedback, reward = self.learner.learn(request, drafts, round_, verdict,
                                                               draft_s / len(requests) if batched else draft_s, pricing)
@@ -192,7 +201,8 @@ class SpeculativeEngine:
         request = RequestState(uuid.uuid4().hex, list(prompt_ids), sampling, torch.Generator().manual_seed(seed),
                                SlotSequence(), CounterfactualScorer(with_overlaps=self.reward_kind == BD), cutting,
                                tokens=list(prompt_ids),
-                               features=[] if getattr(self.coordinator, "wants_features", False) else None)
+                               features=[] if getattr(self.coordinator, "wants_features", False) else None,
+                               predictions=[] if getattr(self.coordinator, "wants_predictions", False) else None)
         if prefill and len(prompt_ids) > 1:
             self.prefill([(request, prompt_ids[:-1])])
         return request

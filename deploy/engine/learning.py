@@ -69,7 +69,9 @@ class RoundLearner:
                                    p.draft_s + overhead_s, priced_s, plain_step_s)
                     for p, outcome in zip(chosen.proposals, verdict.outcomes) if p.source != BRANCH]
         position = len(request.tokens)
-        final = request.shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in chosen.shadows], position)
+        # a draft tree's other chains are no shadows: its drafter is scored on its first chain
+        final = request.shadows.add([replace(s, draft_s=s.draft_s + overhead_s) for s in chosen.shadows
+                                     if s.source != BRANCH], position)
         p, rows = verdict.p, verdict.branch_rows
         final += request.shadows.observe(position, verdict.emitted, lambda i: p[rows[i]])
         for score in final:  # a shadow teaches the draft lengths as a verified draft would

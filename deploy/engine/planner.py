@@ -35,6 +35,7 @@ from deploy.engine.draft_length import DraftLengths
 from deploy.engine.draft_tree import ROOT, DraftTree
 from deploy.engine.ensemble import ensemble_draft
 from deploy.engine.goodput import batch_draft_nodes
+from deploy.engine.predictions import Predictions, joined
 from deploy.engine.request import RequestState
 from deploy.engine.target import BatchRow
 from policy.coordinator import DraftCall, DraftRound
@@ -85,7 +86,7 @@ class DraftPlanner:
             return room if budget is None or not r.cutting else min(room, budget)
 
         calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback, tokens(r), r.sampling, r.cutting,
-                           _unsent_features(r)) for r in requests]
+                           _unsent_features(r), _unsent_predictions(r)) for r in requests]
         rounds = coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
@@ -96,6 +97,9 @@ class DraftPlanner:
                 round_ = replace(round_, proposals=round_.proposals + extra, deferred=())
             if any(p.branches for p in round_.proposals):  # a draft tree's chains are verified together
                 round_ = replace(round_, proposals=tuple(c for p in round_.proposals for c in p.chains()))
+            if any(p.branches for p in round_.shadows):  # in `tree` mode a shadow tree joins the round's tree
+                round_ = replace(round_, shadows=tuple(c for p in round_.shadows
+                                                       for c in (p.chains() if round_.tree else (replace(p, branches=()),))))
             if round_.ensemble:
                 round_ = self.combine(round_, request)
             request.sent = len(request.tokens)
@@ -169,7 +173,7 @@ class DraftPlanner:
                 base_expected += sum(accepted)
                 offers.append(None)
                 continue
-            order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))
+            order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))[: self.draft_lengths.max_nodes]
             offers.append((candidates, tree, order, [accepted[node] for node in order]))
         counts = batch_draft_nodes([offer[3] if offer else [] for offer in offers], base_positions, base_expected,
                                    self.batch_costs.forward_s)
@@ -236,6 +240,15 @@ class DraftPlanner:
         lengths = self.draft_lengths
         floor = max([lengths.rate(PLAIN_DRAFT), *(lengths.rate(lengths.cut(p)) for p in in_hand if p.token_ids)])
         return self.draft_lengths.tokens_to_draft(drafter, per_token_s, self.k, floor)
+
+
+def _unsent_predictions(request: RequestState) -> Predictions | None:
+    """The target's top-k predictions the coordinator has not had yet (None when none or not collected)."""
+    if not request.predictions:
+        return None
+    chunk = joined(request.predictions)
+    request.predictions = []
+    return chunk
 
 
 def _unsent_features(request: RequestState) -> torch.Tensor | None:

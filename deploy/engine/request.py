@@ -92,3 +92,4 @@ class RequestState:
     feedback: RoundFeedback | None = None  # rides on the next coordinator call
     finish: str | None = None
     features: list[torch.Tensor] | None = None  # the target's features not yet sent (None: not collected)
+    predictions: list | None = None  # the target's top-k predictions not yet sent (deploy/engine/predictions.py; None: not collected)
