@@ -101,6 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from actors.pool import parse_drafter_names
     from deploy.bench import expand_runs, load_prompts, render_table, run_bench
+    from deploy.bench.prompts import first_per_task
 
     prompts = load_prompts(args.prompts)
     if args.tasks:
@@ -110,6 +111,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [p for p in prompts if p.split == args.split]
         if not prompts:
             raise InvalidRequestError("split", f"{args.prompts} holds no {args.split} prompts (of the tasks asked for)")
+    if args.per_task is not None:
+        if args.per_task < 1:
+            raise InvalidRequestError("per_task", f"must be at least 1, got {args.per_task}")
+        prompts = first_per_task(prompts, args.per_task)
     if args.limit:
         prompts = prompts[: args.limit]
     if args.tree_budget is not None and args.tree_budget < 1:
@@ -407,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve:<policy> runs: comma list of client concurrency levels, e.g. 1,4,8")
     bench.add_argument("--trace-prompt", default=None,
                        help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
+    bench.add_argument("--per-task", type=int, default=None, help="only the first N prompts of each task")
     bench.add_argument("--tree-budget", type=int, default=None,
                        help="the most draft nodes a round verifies (in-process engines; also the recycling drafter's tree size)")
     bench.add_argument("--no-cut", action="store_true",

@@ -13,6 +13,7 @@ both written before any tuning on them.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,3 +58,14 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     if len({p.id for p in items}) != len(items):
         raise InvalidRequestError("prompts", f"{path}: prompt ids must be unique")
     return items
+
+
+def first_per_task(prompts: Sequence[BenchPrompt], n: int) -> list[BenchPrompt]:
+    """The first n prompts of each task, in the file's order (`specfleet bench --per-task N`)."""
+    taken: dict[str, int] = {}
+    kept = []
+    for prompt in prompts:
+        taken[prompt.task] = taken.get(prompt.task, 0) + 1
+        if taken[prompt.task] <= n:
+            kept.append(prompt)
+    return kept

@@ -204,17 +204,19 @@ class DraftLengths:
     def cut(self, proposal: Proposal) -> Proposal:
         return proposal.cut(self.best_length(proposal))
 
-    def observe(self, proposal: Proposal, accepted: int) -> None:
-        """A verified draft (as cut) had its first `accepted` tokens accepted."""
+    def observe(self, proposal: Proposal, accepted: int, skip: int = 0) -> None:
+        """A verified draft (as cut) had its first `accepted` tokens accepted. skip: its first
+        positions were counted already (a draft tree's chain sharing them with an earlier one)."""
         drafted = min(len(proposal.token_ids), self.max_k)
         if not drafted:
             return
         if proposal.confidence is not None:
-            for i, c in enumerate(proposal.confidence[: min(accepted + 1, drafted)]):
+            for i in range(skip, min(accepted + 1, drafted)):
+                c = proposal.confidence[i]
                 reached, accepted_counts = self._calibration(proposal.drafter, _cell(proposal, i))
                 reached[_bin(c)] += 1
                 accepted_counts[_bin(c)] += i < accepted
             return
         reached, accepted_counts = self._rows(proposal)
-        reached[: min(accepted + 1, drafted)] += 1
-        accepted_counts[: min(accepted, drafted)] += 1
+        reached[skip : min(accepted + 1, drafted)] += 1
+        accepted_counts[skip : min(accepted, drafted)] += 1

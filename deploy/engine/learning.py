@@ -57,8 +57,12 @@ class RoundLearner:
             priced_s = self.costs.priced_verify_s(verdict.chain_size, verdict.drafted + 1, verdict.verify_s)
         else:
             priced_s = verdict.verify_s
+        seen: set[tuple[str, tuple[int, ...]]] = set()  # a draft tree's chains share prefixes: each node counts once
         for proposal, outcome in zip(chosen.proposals, verdict.outcomes):
-            self.draft_lengths.observe(proposal, outcome.accepted)
+            tokens = proposal.token_ids
+            shared = next((i for i in range(len(tokens), 0, -1) if (proposal.drafter, tokens[:i]) in seen), 0)
+            seen.update((proposal.drafter, tokens[:i]) for i in range(1, len(tokens) + 1))
+            self.draft_lengths.observe(proposal, outcome.accepted, skip=shared)
         # what the round cost beyond drafting (selection, RPCs), shared by every draft in it
         overhead_s = max(0.0, draft_s - drafts.drafting_s)
         plain_step_s = pricing.plain_step_s if pricing else self.costs.plain_step_s

@@ -256,3 +256,23 @@ def test_the_summary_reports_the_intervals_and_the_cross_validated_oracle():
     assert u["oracle_cv"]["tokens_per_s"] == pytest.approx(single["tokens_per_s"]) and u["vs_oracle_cv"] > 1.0
     table = render_table({"runs": rows, "summary": summary, "params": {"prompts": 3}})
     assert "95% intervals" in table and "cross-validated oracle" in table
+
+
+def test_a_spec_bench_report_gives_its_columns_and_lists_published_figures_as_published_not_as_runs():
+    from deploy.bench.spec_bench import spec_bench_table
+
+    prompts = [BenchPrompt("m", "mt_bench", prompt="a"), BenchPrompt("r", "rag", prompt="b")]
+    ids = {"m": [1, 2, 3, 4], "r": [5, 6]}
+
+    def rows(seconds, rounds):
+        return [(p, Sample(ids[p.id], seconds[p.id], rounds, {"ngram": {"steps": rounds}}, 0.01, 0.1)) for p in prompts]
+
+    ar = run_row("ar", rows({"m": 1.0, "r": 1.0}, 4), ids, None)
+    fast = run_row("single:recycling", rows({"m": 0.5, "r": 1.0}, 2), ids, ar)
+    lines = spec_bench_table([ar, fast])
+    assert "| run | multi-turn | RAG | mean accepted tokens | overall |" in lines
+    assert "| single:recycling | 2.00x | 1.00x | 1.50 | 1.33x |" in lines
+    published = [line for line in lines if "Token Recycling" in line]
+    assert published and all("published" in line and "not a run" in line for line in published)
+    assert "Spec-Bench's columns" in render_table({"params": {}, "runs": [ar, fast]})
+    assert "Spec-Bench's columns" not in render_table({"params": {}, "runs": [ar_row()]})

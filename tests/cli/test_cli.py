@@ -132,3 +132,32 @@ def test_serve_listens_for_grpc_on_port_9000_unless_told_otherwise():
 
     assert build_parser().parse_args(["serve"]).grpc_port == 9000
     assert build_parser().parse_args(["serve", "--grpc-port", "9123"]).grpc_port == 9123
+
+
+def test_recycling_prior_builds_a_table_with_its_manifest_that_the_pool_then_drafts_from(tmp_path):
+    from actors.models import cache_root
+    from actors.recycling_table import EMPTY, load_prior
+
+    (tmp_path / "models").symlink_to(cache_root() / "models")
+    env = os.environ | {"SPECFLEET_CACHE": str(tmp_path)}
+    done = subprocess.run(CLI + ["recycling-prior", "--limit", "4", "--no-progress"], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    prior = load_prior(tmp_path / "recycling" / "smollm2-135m")  # where the pool looks first
+    manifest = prior.manifest
+    assert manifest["target"] == "smollm2-135m" and manifest["k"] == 8 and manifest["corpus"]["examples"] == 4
+    assert len(manifest["model_sha256"]) == len(manifest["tokenizer_sha256"]) == 64
+    assert 0 < manifest["rows"] == int((prior.ids[:, 0] != EMPTY).sum()) < prior.vocab_size
+    rows = prior.ids[:, 0] != EMPTY
+    assert (prior.probs[rows, 0] >= prior.probs[rows, 1]).all()  # successors best first
+    bad = run_cli("recycling-prior", "--limit", "0")
+    assert bad.returncode == 2 and "error: limit:" in bad.stderr
+
+
+def test_the_spec_bench_development_half_ships_with_its_six_tasks_in_the_dev_split():
+    from deploy.bench.prompts import PROMPTS_DIR, load_prompts
+
+    prompts = load_prompts(PROMPTS_DIR / "spec_bench_dev.jsonl")
+    assert len(prompts) == 240 and {p.split for p in prompts} == {"dev"}
+    assert {p.task for p in prompts} == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert (PROMPTS_DIR / "spec_bench.LICENSE").is_file() and "Apache" in (PROMPTS_DIR / "spec_bench.md").read_text()
