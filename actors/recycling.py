@@ -10,7 +10,9 @@ tenants' overlays have rows of their own.
 
 `propose` drafts from the last committed token a tree expanded best-first by the stored
 probabilities (EAGLE-2's dynamic tree, over the table instead of a head): the root's candidates,
-then always the most likely open node's candidates, up to `tree_nodes` nodes and k deep. Each
+then always the most likely open node's candidates, up to `tree_nodes` nodes and k deep; a node's
+candidates are the table's row of its (parent's token, token) pair where the tenant's overlay has
+one, else of its token. Each
 node states its stored probability as `confidence` and its rank among its parent's candidates
 (`ranks`): the engine calibrates them per (drafter, depth, rank) against what the target accepts
 (deploy/engine/draft_length.py) and cuts the tree to what pays. The tree travels as one Proposal
@@ -30,7 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from actors.proposal import Proposal
-from actors.recycling_table import RecyclingTable
+from actors.recycling_table import EMPTY, RecyclingTable
 from actors.sampling import SamplingParams
 from actors.session import SessionStore
 
@@ -40,10 +42,11 @@ TREE_WIDTH = 8  # candidates of a node that may join the tree
 
 
 def recycled_tree(table: RecyclingTable, tenant: str, root: int, depth: int, nodes: int,
-                  width: int = TREE_WIDTH) -> tuple[list[int], list[int], list[float], list[int]]:
-    """Best-first tree from `root`: -> (tokens, parents (-1: a child of the root), probabilities
-    (each given its parent), ranks), a parent always before its children. A node's priority is the
-    product of the probabilities on its path."""
+                  width: int = TREE_WIDTH, before_root: int = EMPTY) -> tuple[list[int], list[int], list[float], list[int]]:
+    """Best-first tree from `root` (preceded by `before_root`): -> (tokens, parents (-1: a child of
+    the root), probabilities (each given its parent), ranks), a parent always before its children.
+    A node's priority is the product of the probabilities on its path; its candidates are the
+    table's row of (its parent's token, its token)."""
     tokens: list[int] = []
     parents: list[int] = []
     probs: list[float] = []
@@ -51,9 +54,9 @@ def recycled_tree(table: RecyclingTable, tenant: str, root: int, depth: int, nod
     heap: list[tuple[float, int, int, int, float, int, int]] = []  # (-path prob, order, parent, token, prob, rank, depth)
     order = 0
 
-    def push(parent: int, token: int, path: float, at_depth: int) -> None:
+    def push(parent: int, token: int, previous: int, path: float, at_depth: int) -> None:
         nonlocal order
-        found = table.row(tenant, token)
+        found = table.row(tenant, token, previous)
         if found is None:
             return
         for rank, (child, p) in enumerate(zip(found[0][:width].tolist(), found[1][:width].tolist())):
@@ -62,7 +65,7 @@ def recycled_tree(table: RecyclingTable, tenant: str, root: int, depth: int, nod
 
     if depth <= 0 or nodes <= 0:
         return tokens, parents, probs, ranks
-    push(-1, root, 1.0, 1)
+    push(-1, root, before_root, 1.0, 1)
     while heap and len(tokens) < nodes:
         negative_path, _, parent, token, p, rank, at_depth = heapq.heappop(heap)
         tokens.append(token)
@@ -70,7 +73,7 @@ def recycled_tree(table: RecyclingTable, tenant: str, root: int, depth: int, nod
         probs.append(p)
         ranks.append(rank)
         if at_depth < depth:
-            push(len(tokens) - 1, token, -negative_path, at_depth + 1)
+            push(len(tokens) - 1, token, root if parent < 0 else tokens[parent], -negative_path, at_depth + 1)
     return tokens, parents, probs, ranks
 
 
@@ -100,10 +103,12 @@ class RecyclingProposer:
         self.name, self.table, self.tree_nodes, self.width = name, table, tree_nodes, width
         self.sessions = SessionStore()
 
-    def recycle(self, tenant: str | None, tokens: np.ndarray, ids: np.ndarray, probs: np.ndarray) -> None:
-        """The target's predictions after `tokens` [n] (ids / probs [n, k], best first) into the tenant's overlay."""
+    def recycle(self, tenant: str | None, tokens: np.ndarray, ids: np.ndarray, probs: np.ndarray,
+                previous: np.ndarray | None = None) -> None:
+        """The target's predictions after `tokens` [n] (ids / probs [n, k], best first; previous [n]:
+        the token before each) into the tenant's overlay."""
         if len(tokens):
-            self.table.write(tenant or "", tokens, ids, probs)
+            self.table.write(tenant or "", tokens, ids, probs, previous)
 
     def propose(self, session: str, context_delta: Sequence[int], k: int, sampling: SamplingParams) -> Proposal:
         start = time.perf_counter()
@@ -111,7 +116,7 @@ class RecyclingProposer:
         if not tokens or k <= 0:
             return Proposal(drafter=self.name, draft_s=time.perf_counter() - start)
         ids, parents, probs, ranks = recycled_tree(self.table, sampling.cache_salt or "", tokens[-1], k,
-                                                   self.tree_nodes, self.width)
+                                                   self.tree_nodes, self.width, tokens[-2] if len(tokens) > 1 else EMPTY)
         chains = [Proposal(self.name, tuple(ids[i] for i in path), confidence=tuple(probs[i] for i in path),
                            ranks=tuple(ranks[i] for i in path)) for path in tree_chains(parents)]
         if not chains:

@@ -9,7 +9,8 @@ Two layers, looked up in order:
 
 - a per-tenant **overlay**, written online from the target's verification forwards (`write`):
   every verified position's input token gets a new row (the whole row replaced: the latest
-  context wins, as in the paper). It is bounded: at most `max_rows` rows per tenant (the least
+  context wins, as in the paper), and so does the pair (previous token, input token), a row of
+  one more token of context, looked up first where the drafter knows the previous token. It is bounded: at most `max_rows` rows per tenant (the least
   recently written go first) and `max_tenants` tenants (the least recently active go first).
   A tenant is the request's `cache_salt` (the service sets it per API key; "" without one), so
   nothing one tenant's requests write ever drafts for another;
@@ -21,7 +22,8 @@ A prior is found per target like the eagle head: one built on this machine
 (`$SPECFLEET_CACHE/recycling/<target>`) before the one the repository ships
 (`actors/data/recycling/<target>`); `find_prior` -> its directory or None.
 
-`row(tenant, token)` -> (ids, probs) of the candidates (EMPTY slots dropped), or None.
+`row(tenant, token, previous)` -> (ids, probs) of the candidates (EMPTY slots dropped), or None:
+the overlay's pair row, else its token row, else the prior's.
 """
 from __future__ import annotations
 
@@ -113,18 +115,23 @@ class RecyclingTable:
     def __init__(self, prior: Prior, max_rows: int = MAX_ROWS, max_tenants: int = MAX_TENANTS) -> None:
         self.prior, self.max_rows, self.max_tenants = prior, max_rows, max_tenants
         self.k = int(prior.ids.shape[1])
-        self._overlays: OrderedDict[str, OrderedDict[int, tuple[np.ndarray, np.ndarray]]] = OrderedDict()
+        # per tenant: token -> row, and (previous token, token) -> row
+        self._overlays: OrderedDict[str, OrderedDict[int | tuple[int, int], tuple[np.ndarray, np.ndarray]]] = OrderedDict()
 
     @property
     def vocab_size(self) -> int:
         return self.prior.vocab_size
 
-    def row(self, tenant: str, token: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The candidates after `token` for this tenant: its overlay's row, else the prior's (None: none)."""
+    def row(self, tenant: str, token: int, previous: int = EMPTY) -> tuple[np.ndarray, np.ndarray] | None:
+        """The candidates after `token` (preceded by `previous`, EMPTY: unknown) for this tenant: its
+        overlay's row of the pair, else of the token, else the prior's (None: none)."""
         overlay = self._overlays.get(tenant)
-        found = overlay.get(token) if overlay is not None else None
-        if found is not None:
-            return found
+        if overlay is not None:
+            found = overlay.get((previous, token)) if previous != EMPTY else None
+            if found is None:
+                found = overlay.get(token)
+            if found is not None:
+                return found
         if not 0 <= token < self.vocab_size:
             return None
         ids = self.prior.ids[token]
@@ -133,9 +140,11 @@ class RecyclingTable:
             return None
         return ids[kept], self.prior.probs[token][kept]
 
-    def write(self, tenant: str, tokens: Sequence[int] | np.ndarray, ids: np.ndarray, probs: np.ndarray) -> None:
-        """The target's predictions after each of `tokens` (ids [n, k'], probs [n, k'], best first):
-        each token's row in the tenant's overlay replaced, in order (a later one wins)."""
+    def write(self, tenant: str, tokens: Sequence[int] | np.ndarray, ids: np.ndarray, probs: np.ndarray,
+              previous: Sequence[int] | np.ndarray | None = None) -> None:
+        """The target's predictions after each of `tokens` (ids [n, k'], probs [n, k'], best first;
+        previous [n]: the token before each, EMPTY where unknown): each token's row, and each
+        (previous, token) pair's, in the tenant's overlay replaced, in order (a later one wins)."""
         overlay = self._overlays.get(tenant)
         if overlay is None:
             overlay = self._overlays[tenant] = OrderedDict()
@@ -145,9 +154,12 @@ class RecyclingTable:
             self._overlays.move_to_end(tenant)
         ids = np.asarray(ids, dtype=np.int32)[:, : self.k]
         probs = np.asarray(probs, dtype=np.float32)[:, : self.k]
-        for token, row_ids, row_probs in zip(np.asarray(tokens).tolist(), ids, probs):
-            overlay.pop(token, None)
-            overlay[token] = (row_ids, row_probs)
+        tokens = np.asarray(tokens).tolist()
+        before = [EMPTY] * len(tokens) if previous is None else np.asarray(previous).tolist()
+        for token, prior_token, row_ids, row_probs in zip(tokens, before, ids, probs):
+            for key in ((token,) if prior_token == EMPTY else (token, (prior_token, token))):
+                overlay.pop(key, None)
+                overlay[key] = (row_ids, row_probs)
         while len(overlay) > self.max_rows:
             overlay.popitem(last=False)
 

@@ -172,8 +172,9 @@ class SpeculativeEngine:
                 if request.features is not None:  # the accepted path's positions: a feature per emitted token
                     request.features.append(plan.row.features[list(verdict.branch_rows)])
                 if request.predictions is not None:  # every verified position's top-k, for the recycling drafter
-                    request.predictions.append(top_predictions(plan.row.token_ids, row_logits, 1 + verdict.drafted,
-                                                               verdict.branch_rows))
+                    request.predictions.append(top_predictions(
+                        plan.row.token_ids, row_logits, 1 + verdict.drafted, verdict.branch_rows,
+                        parents=plan.row.parents, before=request.tokens[-2] if len(request.tokens) > 1 else -1))
                 # a batch shares its coordinator call: each request is charged its share
                 request.feedback, reward = self.learner.learn(request, drafts, round_, verdict,
                                                               draft_s / len(requests) if batched else draft_s, pricing)

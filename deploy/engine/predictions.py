@@ -14,17 +14,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from actors.recycling_table import TOP_K
+from actors.recycling_table import EMPTY, TOP_K
 
-Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]  # tokens [n] int32, ids [n, k] int32, probs [n, k] float16
+# tokens [n] int32, ids [n, k] int32, probs [n, k] float16, previous [n] int32 (the token before each; EMPTY: unknown)
+Predictions = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def top_predictions(input_ids: Sequence[int], logits: torch.Tensor, verified: int, accepted_rows: Sequence[int],
-                    k: int = TOP_K) -> Predictions:
+                    k: int = TOP_K, parents: Sequence[int] | None = None, before: int = EMPTY) -> Predictions:
     """input_ids: the forward row's input tokens; logits: [>= verified, V] its logits; verified: the
     rows that are the root and the draft's nodes (the rest is padding); accepted_rows: the rows on
-    the accepted path. -> each verified row's input token with the target's k most likely next
-    tokens there and their probabilities (temperature 1), the accepted path last."""
+    the accepted path; parents: each row's parent row (-1: the root's; None: a chain, each row the
+    previous one's child); before: the committed token before the root. -> each verified row's
+    input token with the target's k most likely next tokens there and their probabilities
+    (temperature 1) and the token before it, the accepted path last."""
     on_path = [row for row in accepted_rows if row < verified]
     off_path = sorted(set(range(verified)) - set(on_path))
     rows = off_path + on_path
@@ -32,7 +35,9 @@ def top_predictions(input_ids: Sequence[int], logits: torch.Tensor, verified: in
     top = torch.topk(scores, min(k, scores.shape[-1]), dim=-1)
     probs = (top.values - torch.logsumexp(scores, dim=-1, keepdim=True)).exp()
     tokens = np.asarray([input_ids[row] for row in rows], dtype=np.int32)
-    return tokens, top.indices.numpy().astype(np.int32), probs.numpy().astype(np.float16)
+    parent = [(row - 1 if parents is None else parents[row]) for row in rows]
+    previous = np.asarray([before if p < 0 else input_ids[p] for p in parent], dtype=np.int32)
+    return tokens, top.indices.numpy().astype(np.int32), probs.numpy().astype(np.float16), previous
 
 
 def joined(chunks: Sequence[Predictions]) -> Predictions:

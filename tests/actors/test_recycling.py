@@ -66,6 +66,18 @@ def test_recycled_predictions_replace_a_tokens_row_for_that_tenant_only():
         table.prior.ids[1, 0] = 7
 
 
+def test_a_pair_of_tokens_row_is_drafted_from_before_the_single_tokens_row():
+    table = RecyclingTable(empty_prior(50))
+    table.write("", np.array([5, 5]), np.array([[6], [7]]), np.array([[0.9], [0.9]]), previous=np.array([1, 2]))
+    drafter = RecyclingProposer(table)
+    assert drafter.propose("a", [1, 5], 1, GREEDY).token_ids == (6,)  # "1 5" was followed by 6
+    assert drafter.propose("b", [2, 5], 1, GREEDY).token_ids == (7,)
+    assert drafter.propose("c", [3, 5], 1, GREEDY).token_ids == (7,)  # an unseen pair: the token's latest row
+    table.write("", np.array([6]), np.array([[8]]), np.array([[0.9]]), previous=np.array([5]))
+    table.write("", np.array([6]), np.array([[9]]), np.array([[0.9]]), previous=np.array([4]))
+    assert drafter.propose("d", [1, 5], 2, GREEDY).token_ids == (6, 8)  # deeper nodes read their parent's pair
+
+
 def test_the_latest_write_of_a_token_wins_and_the_overlay_is_bounded():
     table = RecyclingTable(empty_prior(50), max_rows=3, max_tenants=2)
     table.write("t", np.array([1, 1]), np.array([[5], [6]]), np.array([[0.5], [0.7]]))

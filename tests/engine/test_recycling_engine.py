@@ -31,8 +31,10 @@ def test_every_verified_row_gives_its_top_k_with_the_accepted_path_last_and_padd
                                      [0.05, 0.1, 0.15, 0.7],    # node 0 (input 11), rejected
                                      [0.25, 0.5, 0.15, 0.1],    # node 1 (input 12), accepted
                                      [0.25, 0.25, 0.25, 0.25]]))  # padding
-    tokens, ids, probs = top_predictions([10, 11, 12, 12], logits, verified=3, accepted_rows=(0, 2), k=2)
+    tokens, ids, probs, previous = top_predictions([10, 11, 12, 12], logits, verified=3, accepted_rows=(0, 2), k=2,
+                                                   parents=[-1, 0, 0, -1], before=9)
     assert tokens.tolist() == [11, 10, 12]
+    assert previous.tolist() == [10, 9, 10]  # each row's parent's input; the root's, the committed token before it
     assert ids.tolist() == [[3, 2], [0, 1], [1, 0]]
     assert probs.astype(float) == pytest.approx(np.array([[0.7, 0.15], [0.7, 0.2], [0.5, 0.25]]), abs=2e-3)
 
