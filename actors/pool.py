@@ -31,7 +31,10 @@ from actors.specialists import OTHER_VOCAB, built_specialists, is_specialist, sp
 from actors.suffix import SuffixProposer
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", RECYCLING, NO_DRAFT)
-DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)
+DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", NO_DRAFT)  # the default pool on CPU
+# on a GPU, where a verification forward over a 30-node tree costs about a plain step, the default pool drafts
+# Token Recycling's tree too (chosen on the development prompts: docs/benchmarks.md, "Token Recycling")
+GPU_DEFAULT_DRAFTERS = ("ngram", "suffix", "hierarchy", RECYCLING, NO_DRAFT)
 POOLS = ("default", "specialists")
 DISTILL_MIN_CONFIDENCE = 0.4  # a distilled specialist stops drafting after a token it is less sure of
 
@@ -48,16 +51,27 @@ def needs_model(kind: str, model: str | None = None) -> bool:
             or (kind == "hierarchy" and model is not None))
 
 
+def default_drafters(device: str | None = None) -> tuple[str, ...]:
+    """The default pool for a target on `device` ("cpu", "cuda"; None: this process's default device):
+    on a GPU the generic drafters and `recycling`, on CPU the generic drafters (there the recycled
+    tree's larger forwards and its planning cost more than it yields)."""
+    if device is None:
+        from actors.models import default_device
+
+        device = default_device().type
+    return GPU_DEFAULT_DRAFTERS if str(device).startswith("cuda") else DEFAULT_DRAFTERS
+
+
 def pool_drafters(pool: str) -> tuple[str, ...]:
-    """`default`: the generic drafters; `specialists`: those plus every specialist built here."""
+    """`default`: the generic drafters (default_drafters); `specialists`: those plus every specialist built here."""
     if pool not in POOLS:
         raise InvalidRequestError("pool", f"must be one of {list(POOLS)}, got {pool!r}")
     if pool == "default":
-        return DEFAULT_DRAFTERS
+        return default_drafters()
     built = built_specialists()
     if not built:
         raise InvalidRequestError("pool", "no specialists are built on this machine: run `make specialists` first")
-    return DEFAULT_DRAFTERS + built
+    return default_drafters() + built
 
 
 def parse_drafter_names(names: str | Sequence[str]) -> tuple[str, ...]:

@@ -23,14 +23,15 @@ from actors.errors import InvalidRequestError
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
     from actors.models import DEFAULT_MODEL
-    from actors.pool import DEFAULT_DRAFTERS, POOLS
+    from actors.pool import DEFAULT_DRAFTERS, GPU_DEFAULT_DRAFTERS, POOLS
 
     parser.add_argument("--model", default=DEFAULT_MODEL, help="target: embedded name, local dir, .gguf file or hub id")
     parser.add_argument("--dtype", default="float32", help="float32 (default; bit-exact greedy), bfloat16, float16")
     _pool_arg(parser)
     parser.add_argument("--drafters", default=None,
-                        help=f"comma list of ngram,suffix,hierarchy,hf,eagle,none,retrieval-<task>,distill-<task> "
-                             f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)})")
+                        help=f"comma list of ngram,suffix,hierarchy,hf,eagle,recycling,none,retrieval-<task>,distill-<task> "
+                             f"(default: the --pool's; {POOLS[0]}: {','.join(DEFAULT_DRAFTERS)} on CPU, "
+                             f"{','.join(GPU_DEFAULT_DRAFTERS)} on a GPU)")
     parser.add_argument("--draft-model", default=None, help="model for the hf drafter (same tokenizer as the target)")
     parser.add_argument("--draft-layers", type=int, default=None, help="keep only the first N layers of the draft model")
     from deploy.engine.defaults import K

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from actors.models import DEFAULT_MODEL, DTYPES
-from actors.pool import DRAFTER_KINDS, is_drafter_kind
+from actors.pool import DRAFTER_KINDS, default_drafters, is_drafter_kind
 from deploy.engine.defaults import MAX_BATCH, MAX_K, MAX_PADDING, K
 from policy.coordinator import DRAFT_TIMEOUT_S, REQUEST_TTL_S
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, parse_policy
@@ -87,7 +87,7 @@ class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     target: TargetConfig = TargetConfig()
     drafters: list[DrafterConfig] = Field(
-        default_factory=lambda: [DrafterConfig(name=k, kind=k) for k in ("ngram", "suffix", "hierarchy", "none")],
+        default_factory=lambda: [DrafterConfig(name=k, kind=k) for k in default_drafters()],
         min_length=1,
     )
     placement: PlacementConfig = PlacementConfig()

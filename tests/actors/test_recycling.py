@@ -96,3 +96,10 @@ def test_a_prior_saves_and_loads_with_its_manifest(tmp_path):
     assert loaded.manifest == {"target": "test", "k": 4}
     assert np.array_equal(loaded.ids, prior.ids)
     assert np.allclose(loaded.probs, prior.probs, atol=1e-3)
+
+
+def test_the_default_pool_drafts_recycled_trees_on_a_gpu_and_not_on_cpu():
+    from actors.pool import DEFAULT_DRAFTERS, default_drafters
+
+    assert "recycling" in default_drafters("cuda") and "recycling" in default_drafters("cuda:1")
+    assert default_drafters("cpu") == DEFAULT_DRAFTERS and "recycling" not in DEFAULT_DRAFTERS
