@@ -24,7 +24,7 @@ from deploy.engine.target import TargetModel
 from policy.coordinator import DraftRound
 
 
-TREE_SIZES = (16, 24, 32, 48, 64, 96)  # forward sizes measured for trees beyond a chain's largest forward
+TREE_SIZES = (16, 32, 64)  # forward sizes measured for trees beyond a chain's largest forward
 
 
 def max_positions(k: int, max_padding: int = MAX_PADDING) -> int:
