@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from actors.models import cache_root, target_key
+
 HEAD_FILE = "eagle.safetensors"
 MANIFEST = "manifest.json"
 SHIPPED_HEADS = Path(__file__).resolve().parent / "data" / "eagle"  # <target>/eagle.safetensors + manifest.json
@@ -180,20 +182,15 @@ def is_head_dir(path: Path) -> bool:
     return (path / HEAD_FILE).is_file() and (path / MANIFEST).is_file()
 
 
-def _key(target: str) -> str:
-    return target.strip().rstrip("/").replace("/", "--").replace(":", "-") or "target"
-
 
 def shipped_head(target: str) -> Path:
     """Where the repository keeps the trained head of the target named `target` (as --model gives it)."""
-    return SHIPPED_HEADS / _key(target)
+    return SHIPPED_HEADS / target_key(target)
 
 
 def eagle_dir(target: str) -> Path:
     """Where `specfleet train-eagle` puts a head it builds for `target` by default (it is found before the shipped one)."""
-    from actors.models import cache_root
-
-    return cache_root() / "eagle" / _key(target)
+    return cache_root() / "eagle" / target_key(target)
 
 
 def find_head(target: str) -> Path | None:

@@ -41,6 +41,11 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
 
+def target_key(target: str) -> str:
+    """A target's name (as --model gives it) as one path component: where its built artifacts live."""
+    return target.strip().rstrip("/").replace("/", "--").replace(":", "-") or "target"
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SPECFLEET_CACHE", Path.home() / ".cache" / "specfleet"))
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.models import cache_root, target_key
+
 EMPTY = -1  # a slot with no candidate (never token 0: an unseen token drafts nothing)
 TOP_K = 8  # candidates kept per row (the paper's)
 TABLE_FILE, MANIFEST = "table.safetensors", "manifest.json"
@@ -62,20 +64,15 @@ class Prior:
         return int(self.ids.shape[0])
 
 
-def _key(target: str) -> str:
-    return target.strip().rstrip("/").replace("/", "--").replace(":", "-") or "target"
-
 
 def shipped_prior(target: str) -> Path:
     """Where the repository keeps the prior of the target named `target` (as --model gives it)."""
-    return SHIPPED_PRIORS / _key(target)
+    return SHIPPED_PRIORS / target_key(target)
 
 
 def prior_dir(target: str) -> Path:
     """Where `specfleet recycling-prior` writes a prior it builds for `target` (found before the shipped one)."""
-    from actors.models import cache_root
-
-    return cache_root() / "recycling" / _key(target)
+    return cache_root() / "recycling" / target_key(target)
 
 
 def is_prior_dir(path: Path) -> bool:

@@ -79,7 +79,7 @@ def head_vocabulary(examples: Sequence[Example], eos_ids: Sequence[int], size: i
     return torch.tensor(chosen + eos, dtype=torch.long), covered / total if total else 0.0
 
 
-def _length_batches(lengths: Sequence[int], budget: int, rng: random.Random | None) -> list[list[int]]:
+def length_batches(lengths: Sequence[int], budget: int, rng: random.Random | None) -> list[list[int]]:
     """Indices of similar length together, at most `budget` padded positions a batch (shuffled when rng)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current = [], []
@@ -103,7 +103,7 @@ def target_features(target: TargetModel, examples: Sequence[Example], progress: 
     pad = min(target.eos_ids)
     out: list[Sequence_ | None] = [None] * len(examples)
     lengths = [len(e.token_ids) for e in examples]
-    for batch in tqdm(_length_batches(lengths, FEATURE_BATCH_TOKENS, None), desc="target features", disable=not progress):
+    for batch in tqdm(length_batches(lengths, FEATURE_BATCH_TOKENS, None), desc="target features", disable=not progress):
         width = max(lengths[i] for i in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -262,7 +262,7 @@ def train_eagle(
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     lengths = [len(sequences[i].token_ids) for i in train_ids]
-    per_epoch = len(_length_batches(lengths, TRAIN_BATCH_TOKENS, None))
+    per_epoch = len(length_batches(lengths, TRAIN_BATCH_TOKENS, None))
     total = max(1, epochs * per_epoch)
     warmup = min(200, total // 10 + 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / total))
@@ -277,7 +277,7 @@ def train_eagle(
         if log:
             log(f"resumed at step {state['step']} of {total}")
     state["features_s"] += features_s  # every run's: the first computes the features, the others read them back
-    plan = [batch for epoch in range(epochs) for batch in _length_batches(lengths, TRAIN_BATCH_TOKENS, random.Random(seed + epoch))]
+    plan = [batch for epoch in range(epochs) for batch in length_batches(lengths, TRAIN_BATCH_TOKENS, random.Random(seed + epoch))]
     head.train()
     last_saved = run_start = time.perf_counter()
     while state["step"] < total:
@@ -328,7 +328,7 @@ def heldout_agreement(head: EagleHead, sequences: Sequence[Sequence_], in_vocabu
                       steps: int = STEPS) -> list[float]:
     """Per drafting depth, the share of held-out answer positions where the head's top token is the target's."""
     agree, counted = [0] * steps, 0
-    for batch in _length_batches([len(s.token_ids) for s in sequences], TRAIN_BATCH_TOKENS, None):
+    for batch in length_batches([len(s.token_ids) for s in sequences], TRAIN_BATCH_TOKENS, None):
         _, a, c = ttt_loss(head, make_batch([sequences[i] for i in batch], in_vocabulary), steps)
         agree, counted = [x + y for x, y in zip(agree, a)], counted + c
     return [a / counted if counted else 0.0 for a in agree]

@@ -28,6 +28,7 @@ import torch
 from actors.recycling_table import EMPTY, TOP_K, Prior
 from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import Example
+from deploy.specialists.eagle import length_batches
 
 BATCH_TOKENS = 4096  # positions per target forward
 PROJECTION_ROWS = 1024  # positions per vocabulary projection (bounds the logits held at once)
@@ -47,18 +48,6 @@ def tokenizer_sha256(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Examples in batches of similar length, each at most `budget` padded positions (one longer example alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and max(lengths[j] for j in batches[-1] + [i]) * (len(batches[-1]) + 1) <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
 @torch.inference_mode()
 def build_prior(target: TargetModel, examples: Sequence[Example], k: int = TOP_K, progress: bool = False) -> tuple[Prior, int]:
     """-> (the prior: each token's k most likely successors by the target's summed probability
@@ -71,7 +60,7 @@ def build_prior(target: TargetModel, examples: Sequence[Example], k: int = TOP_K
     pad = min(target.eos_ids)
     lengths = [len(e.token_ids) for e in examples]
     positions = 0
-    for batch in tqdm(_batches(lengths, BATCH_TOKENS), desc="recycling prior", disable=not progress):
+    for batch in tqdm(length_batches(lengths, BATCH_TOKENS, None), desc="recycling prior", disable=not progress):
         width = max(lengths[i] for i in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
