@@ -102,6 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from actors.pool import parse_drafter_names
     from deploy.bench import expand_runs, load_prompts, render_table, run_bench
+    from deploy.bench.load_report import render_load
     from deploy.bench.prompts import first_per_task
 
     prompts = load_prompts(args.prompts)
@@ -118,6 +119,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = first_per_task(prompts, args.per_task)
     if args.limit:
         prompts = prompts[: args.limit]
+    from deploy.bench.runs import MAX_REPEAT
+
+    if not 1 <= args.repeat <= MAX_REPEAT:
+        raise InvalidRequestError("repeat", f"must be in 1..{MAX_REPEAT}, got {args.repeat}")
     if args.tree_budget is not None and args.tree_budget < 1:
         raise InvalidRequestError("tree_budget", f"must be at least 1, got {args.tree_budget}")
     drafters = parse_drafter_names(_drafter_names(args))
@@ -126,17 +131,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(target, prompts, runs=args.runs, max_tokens=args.max_tokens, k=args.k,
                        drafters=drafters, draft_model=draft_model, progress=not args.no_progress,
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile,
-                       cut_drafts=not args.no_cut, tree_budget=args.tree_budget)
-    table = render_table(report)
+                       cut_drafts=not args.no_cut, tree_budget=args.tree_budget, repeat=args.repeat,
+                       alternate=args.alternate)
+    table = "\n".join([render_table(report), *render_load(report)])
     if args.out:
         from deploy.bench.charts import concurrency_chart, drafter_chart, speedup_chart
+        from deploy.bench.load_report import reliability_chart
 
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
         charts = [speedup_chart(report, out.with_suffix(".speedup.png")),
                   drafter_chart(report, out.with_suffix(".drafters.png")),
-                  concurrency_chart(report, out.with_suffix(".concurrency.png"))]
+                  concurrency_chart(report, out.with_suffix(".concurrency.png")),
+                  reliability_chart(report, out.with_suffix(".calibration.png"))]
         images = "".join(f"\n![{c.stem}]({c.name})\n" for c in charts if c is not None)
         out.with_suffix(".md").write_text(table + "\n" + images)
     print(table)
@@ -416,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-task", type=int, default=None, help="only the first N prompts of each task")
     bench.add_argument("--tree-budget", type=int, default=None,
                        help="the most draft nodes a round verifies (in-process engines; also the recycling drafter's tree size)")
+    bench.add_argument("--repeat", type=int, default=1,
+                       help="run each level's swept runs (batch:, serve:, batching peers) N times; rows report the median and spread")
+    bench.add_argument("--alternate", action="store_true",
+                       help="with --repeat: every other repetition runs the level's runs in reverse order")
     bench.add_argument("--no-cut", action="store_true",
                        help="verify every drafted token, not the length worth verifying: each drafter's acceptance at the full --k")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -5,7 +5,8 @@ scheduler behind Ray Serve).
 
 At concurrency c, c client threads each submit a request and wait for its result; the run's
 tokens/s is throughput (all tokens over the wall time), each sample's seconds that request's
-latency and `first_token_s` the time to its first emitted tokens. Every level runs in a fresh
+latency and `first_token_s` the time to its first emitted tokens; `load` after a sweep is the
+engine's report per batch size (acceptance calibration, the guard). Every level runs in a fresh
 subprocess (this module's `main`): a fresh pool (empty suffix caches, no bandit
 statistics), and the scheduler's thread the only one of the process that ever ran torch (a
 second thread running torch makes torch's OpenMP runtime throttle its threads: see
@@ -32,6 +33,7 @@ class BatchRun:
     def __init__(self, label: str, model: str, drafters: Sequence[str], k: int, cut_drafts: bool = True) -> None:
         """label: `<policy>[@<verify>][-without-<drafters>]`, as a `policy:` run's."""
         self.label, self.model, self.drafters, self.k, self.cut_drafts = label, model, list(drafters), k, cut_drafts
+        self.load: dict = {}  # the last sweep's engine load report (SpeculativeEngine.load_report)
 
     def generate(self, item: BenchPrompt, max_tokens: int) -> Sample:
         return self.sweep([item], max_tokens, 1)[0][0]
@@ -46,6 +48,7 @@ class BatchRun:
             subprocess.run([sys.executable, "-c", "from deploy.bench.batch_run import main; main()", str(job), str(out)], check=True)
             answer = json.loads(out.read_text())
         samples = [Sample(**(s | {"trace": tuple(tuple(r) for r in s["trace"])})) for s in answer["samples"]]
+        self.load = answer.get("load", {})
         return samples, answer["wall_s"]
 
 
@@ -82,7 +85,8 @@ def sweep_here(job: dict) -> dict:
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=job["concurrency"]) as clients:
         samples = list(clients.map(one, encoded))
-    return {"samples": [asdict(s) for s in samples], "wall_s": time.perf_counter() - start}
+    wall_s = time.perf_counter() - start
+    return {"samples": [asdict(s) for s in samples], "wall_s": wall_s, "load": scheduler.engine.load_report()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,8 +12,9 @@ runs them), prompts interleaved: for each prompt every run generates in turn, so
 hits all runs alike; each run keeps its own fresh drafter pool (suffix caches learn only from
 that run's earlier prompts) and its own engine. Then the sweeps, at every concurrency level:
 per level, each `serve:` run on a fresh service, each `batch:` run in a fresh process, then each
-batching peer (`peer:hf-batch` also runs in the first phase; `peer:hf-cb` only here). A swept
-run's row is `<run>@c<level>`.
+batching peer (`peer:hf-batch` also runs in the first phase; `peer:hf-cb` only here), `repeat`
+times, alternated on request. A swept run's row is `<run>@c<level>` (its repetitions' medians),
+and the summary's `under_load` its ratios against drafting off and `peer:hf-batch`.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from actors.sampling import SamplingParams
 from deploy.bench.batch_run import BatchRun
 from deploy.bench.cost_profile import CostProfile
 from deploy.bench.engines import make_engine
+from deploy.bench.load_report import swept_row, sweep_ratios
 from deploy.bench.peers import SWEPT_ONLY, SWEPT_PEERS, HFBatchPeer, HFContinuousPeer, HFPeer, HFServePeer, available_peers
 from deploy.bench.prompts import BenchPrompt
 from deploy.bench.report import Samples, oracle_row, run_row, summarize
@@ -40,6 +42,7 @@ from policy.registry import BASE_POLICY_NAMES, DEFAULT_POLICY, DEFAULT_VERIFY, p
 
 DEFAULT_RUNS = f"ar,peer:*,single:*,policy:{DEFAULT_POLICY}@{DEFAULT_VERIFY},policy:metasd-ucb-cost,policy:metasd-ucb,policy:thompson"
 MAX_CONCURRENCY = 64
+MAX_REPEAT = 9
 
 
 def expand_runs(patterns: str | Sequence[str], drafters: Sequence[str], has_draft_model: bool = False) -> list[str]:
@@ -83,6 +86,18 @@ def parse_concurrency(levels: str | Sequence[int]) -> tuple[int, ...]:
     return values
 
 
+def sweep_order(levels: Sequence[int], swept: Sequence[str], in_process: Sequence[str], repeat: int = 1,
+                alternate: bool = False) -> list[tuple[int, str]]:
+    """(level, run) in the order the sweeps run: per level, every swept run `repeat` times (every
+    other repetition reversed when `alternate`); a run measured in process skips level 1."""
+    order = []
+    for level in levels:
+        here = [run for run in swept if level > 1 or run not in in_process]
+        for repetition in range(repeat):
+            order += [(level, run) for run in (here[::-1] if alternate and repetition % 2 else here)]
+    return order
+
+
 def run_bench(
     target: TargetModel,
     prompts: Sequence[BenchPrompt],
@@ -97,9 +112,15 @@ def run_bench(
     cost_profile: str | None = None,
     cut_drafts: bool = True,
     tree_budget: int | None = None,
+    repeat: int = 1,
+    alternate: bool = False,
 ) -> dict:
+    """repeat: each level's swept runs run this many times (a row: their medians, deploy/bench/load_report.py);
+    alternate: every other repetition runs them in reverse order (A B, B A, ...), so drift hits all alike."""
     from tqdm import tqdm
 
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEAT:
+        raise InvalidRequestError("repeat", f"must be an integer in 1..{MAX_REPEAT}, got {repeat!r}")
     drafter_names = parse_drafter_names(drafters)
     profile = CostProfile.load(cost_profile) if cost_profile else None
     run_names = expand_runs(runs, drafter_names, draft_model is not None)
@@ -130,10 +151,9 @@ def run_bench(
                 for run in serve_runs}
     batches = {run: BatchRun(run.removeprefix("batch:"), target.name, drafter_names, k, cut_drafts) for run in batch_runs}
     results: dict[str, Samples] = {run: [] for run in run_names}
-    sweeps = [(level, run) for level in levels for run in serve_runs + batch_runs + list(swept_peers)
-              if level > 1 or run not in run_names]
+    sweeps = sweep_order(levels, serve_runs + batch_runs + list(swept_peers), run_names, repeat, alternate)
     bar = tqdm(total=len(prompts) * (len(run_names) + len(sweeps)), desc="bench", unit="gen", disable=not progress)
-    swept: list[tuple[str, int, Samples, float]] = []
+    swept: dict[tuple[str, int], list[tuple[Samples, float, dict]]] = {}  # (run, level) -> its repetitions
     try:
         for item in prompts:
             for run in run_names:
@@ -148,7 +168,7 @@ def run_bench(
             samples, wall_s = runner.sweep(list(prompts), max_tokens, level)
             if run in services:
                 services[run].stop()
-            swept.append((run, level, list(zip(prompts, samples)), wall_s))
+            swept.setdefault((run, level), []).append((list(zip(prompts, samples)), wall_s, getattr(runner, "load", {})))
             bar.update(len(prompts))
     finally:
         bar.close()
@@ -157,10 +177,14 @@ def run_bench(
     ar_ids = {p.id: x.token_ids for p, x in results["ar"]}
     rows = [run_row("ar", results["ar"], ar_ids, None)]
     rows += [run_row(run, results[run], ar_ids, rows[0]) for run in run_names[1:]]
-    rows += [run_row(f"{run}@c{level}", samples, ar_ids, rows[0], level, wall_s) for run, level, samples, wall_s in swept]
+    rows += [swept_row(f"{run}@c{level}", repetitions, ar_ids, rows[0], level)
+             for (run, level), repetitions in sorted(swept.items(), key=lambda item: (item[0][1], item[0][0]))]
     oracle = oracle_row(rows)
     if oracle:
         rows.append(oracle)
+    summary = summarize(rows)
+    if ratios := sweep_ratios(rows):
+        summary["under_load"] = ratios
     traced = next(p for p in prompts if p.id == trace_id)
     eagle = eagle_head_params(target.name, list(ar_ids.values())) if "eagle" in drafter_names else {}
     return {
@@ -168,12 +192,13 @@ def run_bench(
         "params": {"max_tokens": max_tokens, "temperature": 0.0, "k": k, "drafters": list(drafter_names),
                    "prompts": len(prompts), "splits": sorted({p.split for p in prompts}),
                    "concurrency": list(levels) if sweeps else [1], "cut_drafts": cut_drafts,
+                   **({"repeat": repeat, "alternate": alternate} if sweeps and repeat > 1 else {}),
                    **({"tree_budget": tree_budget} if tree_budget is not None else {}),
                    **({"cost_profile": {"file": str(cost_profile), "device": profile.device,
                                         "plain_step_s": profile.plain_step_s, "draft_scale": round(draft_scale, 4)}}
                       if profile else {}), **eagle},
         "runs": rows,
-        "summary": summarize(rows),
+        "summary": summary,
         "trace": {"prompt": trace_id, "task": traced.task,
                   "runs": {run: [list(r) for r in x.trace] for run in run_names if run.startswith("policy:")
                            for p, x in results[run] if p.id == trace_id}},

@@ -140,18 +140,23 @@ class SpeculativeEngine:
         """One round of every request, verified in one batched target forward: budget (a batch of
         several: the most draft tokens its goodput could verify) -> draft (one coordinator call)
         -> choose what to verify (a batch of several: by the batch's goodput) -> one forward ->
-        accept -> learn -> emit. `prefill`: prompt chunks of other requests appended to their
+        accept -> learn -> emit. A batch of several also teaches its size's acceptance calibration
+        and its guard (the iteration's realised gain, with or without drafts). `prefill`: prompt chunks of other requests appended to their
         caches in the same forward (a scheduler's admissions). -> each request's trace."""
         planner = self.planner
         with self._lock:
-            start = time.perf_counter()
+            began = start = time.perf_counter()
             prefill_rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in prefill]
             prefilled = sum(len(row.token_ids) for row in prefill_rows)
             batched = len(requests) + len(prefill_rows) > 1 and planner.batch_costs is not None
-            budget = planner.budget(requests, prefilled) if batched else None
+            # the guard (deploy/engine/draft_guard.py) keeps a batch size plain where drafting was realised not to pay
+            drafting = not (batched and requests) or planner.guard.drafts(len(requests))
+            budget = (planner.budget(requests, prefilled) if drafting else 0) if batched else None
             drafted = planner.draft(self.coordinator, requests, budget) if requests else []
-            chosen = (planner.choose_batch(requests, drafted, prefilled) if batched
-                      else [planner.choose(d.round, r.cutting) for r, d in zip(requests, drafted)])
+            if batched:
+                chosen, expectations = planner.choose_batch(requests, drafted, prefilled)
+            else:
+                chosen = [planner.choose(d.round, r.cutting) for r, d in zip(requests, drafted)]
             draft_s = time.perf_counter() - start  # every request of the batch waited for the whole call
             alone = len(requests) == 1 and not prefill_rows  # a forward of one request: padded to a cheaper size
             plans = [planner.plan(request, round_, padded=alone) for request, round_ in zip(requests, chosen)]
@@ -165,10 +170,11 @@ class SpeculativeEngine:
                 return []
             pricing = batch_pricing(planner.batch_costs, len(requests), sum(len(row.token_ids) for row in rows),
                                     forward_s) if batched else None
-            traces = []
+            traces, accepted = [], []
             for request, drafts, round_, plan, row_logits in zip(requests, drafted, chosen, plans, logits):
                 verify_s = pricing.verify_s(len(plan.row.token_ids) - 1) if pricing else forward_s
                 verdict = accept(self.kv, request, round_, plan, row_logits, verify_s, self.reward_kind == BD)
+                accepted.append([outcome.accepted for outcome in verdict.outcomes])
                 if request.features is not None:  # the accepted path's positions: a feature per emitted token
                     request.features.append(plan.row.features[list(verdict.branch_rows)])
                 if request.predictions is not None:  # every verified position's top-k, for the recycling drafter
@@ -184,6 +190,12 @@ class SpeculativeEngine:
                                    verdict.verify_s, max(own_s, default=0.0), drafts.drafting_s)
                 request.rounds.append(trace)
                 traces.append(trace)
+            if batched:  # what batches of this size accept, and what their drafting realises
+                planner.observe_batch(len(requests), expectations, chosen, accepted)
+                plain_s = planner.batch_costs.profiled_s(len(requests) + prefilled)
+                drafts_ran = drafting or not all(r.cutting for r in requests)  # those draft whatever the guard says
+                planner.guard.observe(len(requests), drafts_ran, sum(t.emitted for t in traces) * plain_s
+                                      / (len(requests) * (time.perf_counter() - began)))
             return traces
 
     def enable_batching(self) -> None:
@@ -191,6 +203,13 @@ class SpeculativeEngine:
         batch of several requests is cut by its goodput (`DraftPlanner.choose_batch`)."""
         if self.planner.batch_costs is None:
             self.planner.batch_costs = BatchCosts(self.target)
+
+    def load_report(self) -> dict:
+        """Per batch-size bucket: the planner's P(accepted) of the nodes batches verified against
+        what they accepted (deploy/engine/load_calibration.py), and the guard's realised gains
+        (deploy/engine/draft_guard.py). Empty before a batch of several ran."""
+        calibration, guard = self.planner.calibration.report(), self.planner.guard.report()
+        return {"calibration": calibration, "guard": guard} if calibration or guard else {}
 
     def open(self, prompt_ids: list[int], sampling: SamplingParams, prefill: bool = True) -> RequestState:
         """Check the request, prefill the target's cache with the prompt (all but its last token;

@@ -2,8 +2,10 @@
 for the target's forward.
 
     budget   in a batch of several (`budget`): the most draft tokens any request could have
-             verified, from the batch's goodput over the best acceptance seen, before any drafter
-             is asked; 0 (a batch too large for any draft to pay) drafts nothing
+             verified, from the batch's goodput over the best acceptance seen (as batches of its
+             size realised it: deploy/engine/load_calibration.py), before any drafter is asked;
+             0 (a batch too large for any draft to pay, or one whose size the guard keeps
+             plain: deploy/engine/draft_guard.py) drafts nothing
     draft    one coordinator call for the batch (`draft`): each request's newly committed tokens,
              its previous round's feedback and its unsent features go in; its chosen drafter's
              draft (and with the `counterfactual`, `tree` and `ensemble` verification modes, every
@@ -16,7 +18,8 @@ for the target's forward.
              forward (deploy/engine/draft_length.py); in `tree` mode the tree of every draft, the
              best rated first, cut node by node; the drafts not chosen stay shadows. In a batch of
              several (`choose_batch`): the batch's most likely draft nodes, as many as maximise its
-             expected tokens per second (deploy/engine/goodput.py).
+             expected tokens per second (deploy/engine/goodput.py), their P(accepted) corrected
+             by what batches of its size accepted (`calibration`).
     plan     the request's row of the batched forward (`plan`): [last token, draft] padded to a
              cheaper size when alone, or the drafts' token tree.
 """
@@ -25,22 +28,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from actors.no_draft import NO_DRAFT
 from actors.proposal import BRANCH, Proposal
 from deploy.engine.coordination import DraftCoordinator
 from deploy.engine.cost_model import BatchCosts, ForwardCosts
+from deploy.engine.draft_guard import DraftGuard
 from deploy.engine.draft_length import DraftLengths
 from deploy.engine.draft_tree import ROOT, DraftTree
 from deploy.engine.ensemble import ensemble_draft
 from deploy.engine.goodput import batch_draft_nodes
+from deploy.engine.load_calibration import LoadCalibration
 from deploy.engine.predictions import Predictions, joined
 from deploy.engine.request import RequestState
 from deploy.engine.target import BatchRow
 from policy.coordinator import DraftCall, DraftRound
 
 PLAIN_DRAFT = Proposal(drafter=NO_DRAFT)  # an empty draft: a plain step
+NodeExpectations = dict[tuple[int, ...], float]  # a verified node (its tokens from the root) -> its P(accepted)
 
 
 @dataclass(frozen=True)
@@ -65,14 +72,17 @@ class DraftPlanner:
         self.k, self.costs, self.draft_lengths = k, costs, draft_lengths
         self.draft_s_per_token: dict[str, float] = {}  # each drafter's drafting seconds per token (running mean)
         self.batch_costs: BatchCosts | None = None  # a scheduler's engine: a batch of several is cut by its goodput
+        self.calibration = LoadCalibration()  # a batch's P(accepted) as batches of its size realised it
+        self.guard = DraftGuard()  # whether batches of a size draft at all, by their realised gain
 
     def budget(self, requests: Sequence[RequestState], prefilled: int = 0) -> int:
         """Before drafting, the most draft tokens a request of this batch could have verified: the
         batch's goodput (deploy/engine/goodput.py) over every request's best conceivable chain
-        (DraftLengths.best_reach), with `prefilled` prompt positions in the same forward. 0: no
+        (DraftLengths.best_reach) as batches of this size realised it (`calibration`), with
+        `prefilled` prompt positions in the same forward. 0: no
         draft can pay at this batch's size, and no drafter is asked."""
-        reach = self.draft_lengths.best_reach(self.k)
-        counts = batch_draft_nodes([reach if r.cutting else [] for r in requests], len(requests) + prefilled,
+        reach = np.minimum.accumulate(self.calibration.correct(len(requests), self.draft_lengths.best_reach(self.k)))
+        counts = batch_draft_nodes([reach.tolist() if r.cutting else [] for r in requests], len(requests) + prefilled,
                                    float(len(requests)), self.batch_costs.forward_s)
         return max(counts, default=0)
 
@@ -154,12 +164,14 @@ class DraftPlanner:
                        shadows=tuple(p for i, (_, p) in enumerate(rated) if not lengths.get(i) and p.source != BRANCH))
 
     def choose_batch(self, requests: Sequence[RequestState], drafted: Sequence[Drafts],
-                     prefilled: int = 0) -> list[DraftRound]:
+                     prefilled: int = 0) -> tuple[list[DraftRound], list[NodeExpectations]]:
         """What each request of a batch verifies: of all their drafts' nodes (the chosen drafts';
         in `tree` mode every draft's), the most likely ones, as many as maximise the batch's
-        expected tokens per second (deploy/engine/goodput.py). A request that must verify its
-        draft whole (`cutting` off) is priced as it stands; `prefilled` prompt positions ride in
-        the same forward (they cost, and emit nothing)."""
+        expected tokens per second (deploy/engine/goodput.py), each node's P(accepted) corrected
+        by what batches of this size accepted (a child never above its parent). A request that
+        must verify its draft whole (`cutting` off) is priced as it stands; `prefilled` prompt
+        positions ride in the same forward (they cost, and emit nothing). -> the rounds, and per
+        request the nodes chosen with their uncorrected P(accepted) (`observe_batch` learns from them)."""
         base_positions, base_expected = len(requests) + prefilled, float(len(requests))
         offers: list[tuple[list[Proposal], DraftTree, list[int], list[float]] | None] = []
         for request, drafts in zip(requests, drafted):
@@ -173,25 +185,47 @@ class DraftPlanner:
                 base_expected += sum(accepted)
                 offers.append(None)
                 continue
-            order = sorted(range(tree.size), key=lambda node: (-accepted[node], node))[: self.draft_lengths.max_nodes]
-            offers.append((candidates, tree, order, [accepted[node] for node in order]))
+            corrected = self.calibration.correct(len(requests), accepted)
+            for node, parent in enumerate(tree.parents):  # a parent precedes its children
+                if parent != ROOT:
+                    corrected[node] = min(corrected[node], corrected[parent])
+            order = sorted(range(tree.size), key=lambda node: (-corrected[node], node))[: self.draft_lengths.max_nodes]
+            offers.append((candidates, tree, order, [corrected[node] for node in order], accepted))
         counts = batch_draft_nodes([offer[3] if offer else [] for offer in offers], base_positions, base_expected,
                                    self.batch_costs.forward_s)
-        chosen = []
+        chosen, expectations = [], []
         for drafts, offer, count in zip(drafted, offers, counts):
             round_ = drafts.round
             if offer is None:
                 chosen.append(round_)
+                expectations.append({})
                 continue
-            candidates, tree, order, _ = offer
-            lengths = dict(zip(map(id, candidates), self.draft_lengths.lengths_keeping(tree, set(order[:count]))))
+            candidates, tree, order, _, accepted = offer
+            kept = set(order[:count])
+            expectations.append({candidates[i].token_ids[: depth + 1]: accepted[node]
+                                 for i, path in enumerate(tree.paths) for depth, node in enumerate(path) if node in kept})
+            lengths = dict(zip(map(id, candidates), self.draft_lengths.lengths_keeping(tree, kept)))
             proposals = tuple(p.cut(lengths[id(p)]) if id(p) in lengths else p for p in round_.proposals)
             shadows = round_.shadows
             if round_.tree:  # shadows with kept nodes are verified in the tree
                 proposals += tuple(p.cut(lengths[id(p)]) for p in shadows if lengths.get(id(p)))
                 shadows = tuple(p for p in shadows if not lengths.get(id(p)))
             chosen.append(replace(round_, proposals=proposals, shadows=shadows))
-        return chosen
+        return chosen, expectations
+
+    def observe_batch(self, rows: int, expectations: Sequence[NodeExpectations], verified: Sequence[DraftRound],
+                      accepted: Sequence[Sequence[int]]) -> None:
+        """A batch's verification, for its size's calibration: per request the nodes it chose
+        (`choose_batch`), the round it verified and each verified draft's accepted tokens."""
+        expected, hits = [], []
+        for nodes, round_, counts in zip(expectations, verified, accepted):
+            if not nodes:
+                continue
+            path = {p.token_ids[:i] for p, n in zip(round_.proposals, counts) for i in range(1, n + 1)}
+            for prefix, probability in nodes.items():
+                expected.append(probability)
+                hits.append(prefix in path)
+        self.calibration.observe(rows, expected, hits)
 
     def plan(self, request: RequestState, chosen: DraftRound, padded: bool = True) -> ForwardPlan:
         """The round's part of a target forward: [last token, draft] (padded to a cheaper size

@@ -161,3 +161,8 @@ def test_the_spec_bench_development_half_ships_with_its_six_tasks_in_the_dev_spl
     assert len(prompts) == 240 and {p.split for p in prompts} == {"dev"}
     assert {p.task for p in prompts} == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
     assert (PROMPTS_DIR / "spec_bench.LICENSE").is_file() and "Apache" in (PROMPTS_DIR / "spec_bench.md").read_text()
+
+
+def test_bench_rejects_a_repeat_out_of_range_naming_it_before_loading_the_model():
+    done = run_cli("bench", "--repeat", "0", "--runs", "ar")
+    assert done.returncode == 2 and "error: repeat:" in done.stderr

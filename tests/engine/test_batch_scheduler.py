@@ -3,7 +3,8 @@ plain decoding alone token for token: eight at once of different lengths (their 
 accepting drafts), trees of several drafts verified in one batch while prompts are prefilled in
 chunks, one joining and one cancelled inside a batch of eight, a sampled one beside them; a
 cancelled request stops costing forwards at the next iteration; sampled requests verified in
-batches emit the target's distribution."""
+batches emit the target's distribution; the engine reports per batch size its acceptance
+calibration and its guard."""
 import threading
 
 import pytest
@@ -151,3 +152,19 @@ def test_bad_input_fails_its_own_request_and_the_scheduler_keeps_serving(target,
         too_long.result(timeout=60)
     prompt = target.encode(prompt=PROMPTS[0])
     assert scheduler.run(prompt, SamplingParams(max_tokens=6)).token_ids == plain_alone(target, prompt, 6)
+
+
+def test_the_engine_reports_per_batch_size_what_its_batches_verified_and_what_drafting_realised(target):
+    from deploy.engine.draft_guard import PROBES
+
+    drafters = build_drafters(["ngram", "suffix", "none"], None, target.vocab_size)
+    scheduler = BatchScheduler(SpeculativeEngine(target, drafters))
+    repetitive = target.encode(prompt="one two three four five one two three four five one two three four five one two")
+    futures = [scheduler.submit(repetitive, SamplingParams(max_tokens=40)) for _ in range(4)]
+    for future in futures:
+        future.result(timeout=300)
+    report = scheduler.engine.load_report()
+    guard = report["guard"]["3-4"]
+    assert guard["plain_iterations"] >= PROBES and guard["drafted_iterations"] > 0  # probed plain, then drafted
+    calibration = report["calibration"]["3-4"]
+    assert calibration["nodes"] > 0 and 0.0 <= calibration["accepted"] <= 1.0 and 0.0 < calibration["expected"] <= 1.0
