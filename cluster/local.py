@@ -6,6 +6,13 @@ in ~/.ray/auth_token). specfleet's clusters (`ray_config.yaml`, `ray start` in t
 with RAY_AUTH_MODE=token too, so joining one by address turns token mode on in this process
 unless RAY_AUTH_MODE says otherwise (the token comes from RAY_AUTH_TOKEN or ~/.ray/auth_token).
 
+A local cluster starts quiet (`quiet=True`): what an idle Ray runs that the service does not use is
+turned off or slowed (QUIET_SYSTEM_CONFIG, QUIET_ENV; docs/design.md, "A quiet service"): Ray's own
+metrics export (the app serves its Prometheus metrics itself), per-handler event statistics,
+task events, a 10 Hz resource report and disk check of a one-node cluster, Serve's 10 Hz control
+loop and metrics flush, the dashboard agent's 5-second process sampling. Environment variables
+already set win over QUIET_ENV; a cluster joined by address keeps its own settings.
+
 Ray Serve 2.60's gRPC proxy always listens on `[::]:<port>` (all interfaces; `gRPCOptions` has no
 host, see ray/serve/_private/grpc_util.py `start_grpc_server`). A local cluster started with
 `grpc_loopback=True` installs `bind_grpc_proxy_to_loopback` as Ray's `worker_process_setup_hook`
@@ -19,10 +26,23 @@ import os
 NAMESPACE = "specfleet"
 LOOPBACK_HOOK = "cluster.local.bind_grpc_proxy_to_loopback"
 _WILDCARD_HOSTS = ("[::]", "0.0.0.0", "")
+QUIET_SYSTEM_CONFIG = {
+    "enable_metrics_collection": False,  # Ray's and Serve's metrics export (the app's /metrics is its own)
+    "event_stats": False,  # timing of every handler of every event loop
+    "task_events_report_interval_ms": 0,  # task events (`ray list tasks`, the timeline)
+    "raylet_report_resources_period_milliseconds": 1000,  # 100 ms
+    "local_fs_monitor_interval_ms": 1000,  # 100 ms
+}
+QUIET_ENV = {  # read by the processes Ray starts, which inherit this process's environment
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",  # 0.1 s: deploys and recoveries notice within a second
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "0",  # a 10 Hz flush in every replica and router; nothing exports
+    "REPORTER_UPDATE_INTERVAL_MS": "60000",  # the dashboard agent's process sampling, 5 s
+}
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
-            grpc_loopback: bool = False) -> None:
+            grpc_loopback: bool = False, quiet: bool = True) -> None:
+    """quiet: start a local cluster with QUIET_SYSTEM_CONFIG and QUIET_ENV (False: Ray's defaults)."""
     if address:  # read when Ray is first imported: set it before
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
@@ -32,8 +52,12 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
+        if quiet:
+            for name, value in QUIET_ENV.items():
+                os.environ.setdefault(name, value)
         ray.init(
             _node_ip_address="127.0.0.1",
+            _system_config=QUIET_SYSTEM_CONFIG if quiet else None,
             namespace=NAMESPACE,
             num_cpus=num_cpus,
             num_gpus=num_gpus,

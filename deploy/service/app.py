@@ -94,10 +94,10 @@ def load_serve_config(path: str | Path) -> tuple[dict, dict]:
 
 
 def start_local_service(args: dict, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
-                        address: str | None = None) -> str:
-    """Start Ray (127.0.0.1), or join the cluster at `address`, and the app on host:port (one HTTP
-    proxy, on the head node), plus gRPC on 127.0.0.1:grpc_port when given (a local Ray only);
-    -> the base URL. Pair with stop_local_service."""
+                        address: str | None = None, quiet_ray: bool = True) -> str:
+    """Start Ray (127.0.0.1; quiet unless `quiet_ray` is False: cluster/local.py), or join the
+    cluster at `address`, and the app on host:port (one HTTP proxy, on the head node), plus gRPC
+    on 127.0.0.1:grpc_port when given (a local Ray only); -> the base URL. Pair with stop_local_service."""
     from ray import serve
 
     config = ServiceConfig.model_validate(args or {})
@@ -105,7 +105,7 @@ def start_local_service(args: dict, host: str = "127.0.0.1", port: int = 8000, g
     with_grpc = grpc_port is not None
     if with_grpc and address:
         raise ValueError("gRPC on 127.0.0.1 needs a local Ray (its loopback hook is installed at start)")
-    connect(address, grpc_loopback=with_grpc)
+    connect(address, grpc_loopback=with_grpc, quiet=quiet_ray)
     grpc_options = {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER],
                     "enable_reflection": config.grpc_reflection} if with_grpc else None
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options, proxy_location="HeadOnly")

@@ -168,3 +168,27 @@ def test_the_engine_reports_per_batch_size_what_its_batches_verified_and_what_dr
     assert guard["plain_iterations"] >= PROBES and guard["drafted_iterations"] > 0  # probed plain, then drafted
     calibration = report["calibration"]["3-4"]
     assert calibration["nodes"] > 0 and 0.0 <= calibration["accepted"] <= 1.0 and 0.0 < calibration["expected"] <= 1.0
+
+
+def test_a_batch_whose_budget_is_zero_asks_no_drafter_and_still_decodes_exactly(target):
+    from actors.ngram import NgramProposer
+
+    class CountingNgram(NgramProposer):
+        asked = 0
+
+        def propose(self, *args, **kwargs):
+            CountingNgram.asked += 1
+            return super().propose(*args, **kwargs)
+
+    engine = SpeculativeEngine(target, {"ngram": CountingNgram(), "none": build_drafters(["none"], None)["none"]},
+                               policy="fixed:ngram")
+    engine.enable_batching()
+    engine.planner.guard.drafts = lambda rows: False  # the guard keeps this batch size plain: budget 0
+    prompts = [target.encode(prompt=p) for p in PROMPTS[:3]]
+    requests = [engine.open(p, SamplingParams(max_tokens=6)) for p in prompts]
+    while any(r.finish is None for r in requests):
+        engine.iterate([r for r in requests if r.finish is None])
+    assert CountingNgram.asked == 0
+    for prompt, request in zip(prompts, requests):
+        assert engine.result(request).token_ids == plain_alone(target, prompt, 6)
+        engine.close(request)

@@ -266,3 +266,23 @@ def test_health_and_metrics_stay_open_and_never_show_the_key(service, client):
         assert json.loads(response.read()) == {"status": "ok"}
     with urllib.request.urlopen(f"{service.url}/metrics", timeout=60) as response:
         assert response.status == 200 and service.api_key not in response.read().decode()
+
+
+def test_the_local_cluster_runs_quiet_what_the_service_does_not_use_is_off(service, client):
+    import ray
+    from ray._private.state import state
+
+    from cluster.local import QUIET_ENV, QUIET_SYSTEM_CONFIG
+
+    config = state.get_system_config()
+    assert {name: config.get(name) for name in QUIET_SYSTEM_CONFIG} == QUIET_SYSTEM_CONFIG
+
+    @ray.remote(num_cpus=0)
+    def environment(names):  # a worker process, as Serve's controller, proxies and replicas are
+        import os
+
+        return {name: os.environ.get(name) for name in names}
+
+    assert ray.get(environment.remote(list(QUIET_ENV))) == QUIET_ENV
+    answer = client.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=4, temperature=0)
+    assert answer.choices[0].text  # it still serves
