@@ -57,7 +57,7 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
                 os.environ.setdefault(name, value)
         ray.init(
             _node_ip_address="127.0.0.1",
-            _system_config=QUIET_SYSTEM_CONFIG if quiet else None,
+            _system_config=dict(QUIET_SYSTEM_CONFIG) if quiet else None,  # a copy: Ray writes into it
             namespace=NAMESPACE,
             num_cpus=num_cpus,
             num_gpus=num_gpus,

@@ -276,6 +276,7 @@ def test_the_local_cluster_runs_quiet_what_the_service_does_not_use_is_off(servi
 
     config = state.get_system_config()
     assert {name: config.get(name) for name in QUIET_SYSTEM_CONFIG} == QUIET_SYSTEM_CONFIG
+    assert "object_spilling_config" not in QUIET_SYSTEM_CONFIG  # Ray wrote into a copy: a later start is as the first
 
     @ray.remote(num_cpus=0)
     def environment(names):  # a worker process, as Serve's controller, proxies and replicas are
