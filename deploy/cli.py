@@ -135,8 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        alternate=args.alternate)
     table = "\n".join([render_table(report), *render_load(report)])
     if args.out:
-        from deploy.bench.charts import concurrency_chart, drafter_chart, speedup_chart
-        from deploy.bench.load_report import reliability_chart
+        from deploy.bench.charts import concurrency_chart, drafter_chart, reliability_chart, speedup_chart
 
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

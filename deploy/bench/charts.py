@@ -5,6 +5,8 @@ left out: their figure is throughput). `drafter_chart`: for the traced prompt, t
 policy chose in every round (placed at its position in the answer), coloured by how many of its tokens the target accepted.
 `concurrency_chart`: throughput against client concurrency, one line per swept run (its
 concurrency-1 point from the interleaved runs when it has none of its own), `ar` as a line.
+`reliability_chart`: per swept row with an engine load report, each batch size's share of draft
+nodes accepted against the planner's P(accepted), by decile.
 """
 from __future__ import annotations
 
@@ -90,6 +92,28 @@ def drafter_chart(report: dict, path: Path) -> Path | None:
     axes[-1, 0].set_xlabel("output token position at the start of the round")
     fig.colorbar(points, ax=axes[:, 0].tolist(), label="accepted draft tokens")
     fig.suptitle(f"drafter chosen per round: prompt {trace['prompt']} ({trace['task']})", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def reliability_chart(report: dict, path: Path) -> Path | None:
+    """Per swept row with a load report, one panel: each batch size's share accepted against the
+    planner's P(accepted), by decile (the diagonal: calibrated)."""
+    rows = [r for r in report["runs"] if r.get("load", {}).get("calibration")]
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.2), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        for bucket, c in row["load"]["calibration"].items():
+            bins = [b for b in c["bins"] if b[1] >= 5]
+            ax.plot([b[2] for b in bins], [b[3] for b in bins], marker="o", label=f"{bucket} rows ({c['nodes']} nodes)")
+        ax.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("planner's P(accepted)")
+        ax.set_ylabel("share accepted")
+        ax.set_title(row["name"], fontsize=8)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -7,13 +7,12 @@ and `load` sums the engine's load reports (`SpeculativeEngine.load_report`; `bat
 `sweep_ratios` compares, at every level, each swept run with the same kind's run with drafting
 off (`batch:fixed:none`, `serve:fixed:none`) and with `peer:hf-batch`: the ratio of medians and,
 where both ran the same repetitions, each repetition's own (the runs of one repetition ran back
-to back). `render_load` writes both as Markdown; `reliability_chart` plots expected against
-accepted per batch size.
+to back). `render_load` writes both as Markdown (deploy/bench/charts.py `reliability_chart`
+plots expected against accepted per batch size).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -166,30 +165,3 @@ def render_load(report: dict) -> list[str]:
 def _drafting(value: bool | None | list) -> str:
     values = value if isinstance(value, list) else [value]
     return ", ".join("not measured" if v is None else ("yes" if v else "no") for v in values)
-
-
-def reliability_chart(report: dict, path: Path) -> Path | None:
-    """Per swept row with a load report, one panel: each batch size's share accepted against the
-    planner's P(accepted), by decile (the diagonal: calibrated)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in report["runs"] if r.get("load", {}).get("calibration")]
-    if not rows:
-        return None
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.2), squeeze=False)
-    for ax, row in zip(axes[0], rows):
-        for bucket, c in row["load"]["calibration"].items():
-            bins = [b for b in c["bins"] if b[1] >= 5]
-            ax.plot([b[2] for b in bins], [b[3] for b in bins], marker="o", label=f"{bucket} rows ({c['nodes']} nodes)")
-        ax.plot([0, 1], [0, 1], color="black", linewidth=0.8, linestyle="--")
-        ax.set_xlabel("planner's P(accepted)")
-        ax.set_ylabel("share accepted")
-        ax.set_title(row["name"], fontsize=8)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -141,8 +141,9 @@ class SpeculativeEngine:
         several: the most draft tokens its goodput could verify) -> draft (one coordinator call)
         -> choose what to verify (a batch of several: by the batch's goodput) -> one forward ->
         accept -> learn -> emit. A batch of several also teaches its size's acceptance calibration
-        and its guard (the iteration's realised gain, with or without drafts). `prefill`: prompt chunks of other requests appended to their
-        caches in the same forward (a scheduler's admissions). -> each request's trace."""
+        and its guard (the iteration's realised gain, with or without drafts). `prefill`: prompt
+        chunks of other requests appended to their caches in the same forward (a scheduler's
+        admissions). -> each request's trace."""
         planner = self.planner
         with self._lock:
             began = start = time.perf_counter()

@@ -79,8 +79,8 @@ class DraftPlanner:
         """Before drafting, the most draft tokens a request of this batch could have verified: the
         batch's goodput (deploy/engine/goodput.py) over every request's best conceivable chain
         (DraftLengths.best_reach) as batches of this size realised it (`calibration`), with
-        `prefilled` prompt positions in the same forward. 0: no
-        draft can pay at this batch's size, and no drafter is asked."""
+        `prefilled` prompt positions in the same forward. 0: no draft can pay at this batch's
+        size, and no drafter is asked."""
         reach = np.minimum.accumulate(self.calibration.correct(len(requests), self.draft_lengths.best_reach(self.k)))
         counts = batch_draft_nodes([reach.tolist() if r.cutting else [] for r in requests], len(requests) + prefilled,
                                    float(len(requests)), self.batch_costs.forward_s)

@@ -5,7 +5,8 @@ the engine's calibration and guard per batch size are summed over repetitions, t
 import pytest
 
 from actors.errors import InvalidRequestError
-from deploy.bench.load_report import merge_loads, reliability_chart, render_load, sweep_ratios, swept_row
+from deploy.bench.charts import reliability_chart
+from deploy.bench.load_report import merge_loads, render_load, sweep_ratios, swept_row
 from deploy.bench.runs import run_bench, sweep_order
 from tests.bench.test_bench_report import AR_IDS, ar_row, samples
 
