@@ -102,11 +102,12 @@ def measure(rounds: int, tokens: int, settle_s: float, modes: Sequence[str] = (Q
 def _idle_service(quiet: bool):
     """The default service on a fresh local Ray, quiet or with Ray's defaults (its environment too)."""
     from cluster.local import QUIET_ENV
+    from deploy.bench.service import free_port
     from deploy.service.app import start_local_service, stop_local_service
 
     saved = {name: os.environ.pop(name) for name in QUIET_ENV if name in os.environ}
     try:
-        start_local_service({}, port=_free_port(), quiet_ray=quiet)
+        start_local_service({}, port=free_port(), quiet_ray=quiet)
         try:
             yield
         finally:
@@ -115,12 +116,6 @@ def _idle_service(quiet: bool):
         for name in QUIET_ENV:
             os.environ.pop(name, None)
         os.environ.update(saved)
-
-
-def _free_port() -> int:
-    from deploy.bench.service import free_port
-
-    return free_port()
 
 
 def main(argv: list[str] | None = None) -> None:

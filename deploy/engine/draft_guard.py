@@ -58,8 +58,8 @@ class DraftGuard:
     def pays(self, rows: int) -> bool | None:
         """Whether drafting realised at least a plain iteration's gain in this bucket (None: not
         measured yet)."""
-        bucket = self._bucket(rows)
-        if bucket.plain.iterations < PROBES or bucket.drafted.iterations < PROBES:
+        bucket = self._buckets.get(batch_bucket(rows))  # asking creates no bucket
+        if bucket is None or bucket.plain.iterations < PROBES or bucket.drafted.iterations < PROBES:
             return None
         return bucket.drafted.gain >= bucket.plain.gain
 
