@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -33,6 +34,8 @@ from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 COORDINATOR_NAME = "specfleet:coordinator"
 CHECKPOINT_KEY = "coordinator:learned"  # in Ray's internal KV, namespace NAMESPACE
 CHECKPOINT_S = 2.0  # how often what was learned is checkpointed (when it changed)
+METRICS_S = 2.0  # how often each target replica publishes its metrics here (for every replica's scrapes)
+METRICS_STALE_S = 15.0  # a replica that published nothing this long is left out of scrapes
 logger = logging.getLogger("specfleet")
 
 
@@ -65,6 +68,7 @@ class CoordinatorActor:
                           "drafters": dict((built_for or {}).get("drafters", {}))}
         self.draft_timeout_s = draft_timeout_s
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
+        self.replica_families: dict[str, tuple[float, list]] = {}  # replica -> (when, its metric families)
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
         self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
         self.kinds_known: set[str] = set(self.hosted)  # drafters asked whether they are model-free (hosted: known)
@@ -247,6 +251,10 @@ class CoordinatorActor:
     async def stats(self) -> dict:
         return self.core.stats() | {"down": sorted(self.down)}
 
+    async def pool_lengths(self, delta: dict) -> dict:
+        """A replica's new draft-length statistics join the pool's; -> the totals (checkpointed)."""
+        return self.core.pool_lengths(delta)
+
     async def add_drafter(self, name: str, handle, config: Mapping | None = None) -> None:
         """handle: the new drafter actor's, or the `DrafterSpec` of a drafter built and hosted here."""
         if isinstance(handle, DrafterSpec):
@@ -314,6 +322,19 @@ class CoordinatorActor:
 
     async def registered_replicas(self) -> dict[str, dict]:
         return dict(self.replicas)
+
+    async def put_metrics(self, replica: str, families: list) -> None:
+        """A target replica's metric families (deploy/service/metrics.py), published every METRICS_S."""
+        self.replica_families[replica] = (time.monotonic(), families)
+
+    async def replica_metrics(self, exclude: str = "") -> list[list]:
+        """Every other replica's last published metric families; a replica silent for
+        METRICS_STALE_S (it died, or was scaled away) is dropped."""
+        now = time.monotonic()
+        for replica, (when, _) in list(self.replica_families.items()):
+            if now - when > METRICS_STALE_S:
+                del self.replica_families[replica]
+        return [families for replica, (_, families) in self.replica_families.items() if replica != exclude]
 
 
 def _pool_at_start(given: Mapping[str, object]) -> dict[str, object]:
@@ -410,6 +431,23 @@ class RemoteCoordinator:
         if degraded:
             return  # a restarted coordinator never knew it
         self.handle.finish.remote(request_id, list(new_tokens), feedback)
+
+    def pool_lengths(self, delta: dict):
+        """Sent, not awaited: -> a Future of the pool's draft-length totals (deploy/engine/shared_lengths.py)."""
+        return self.handle.pool_lengths.remote(delta).future()
+
+    def put_metrics(self, replica: str, families: list) -> None:
+        """Sent, not awaited: this replica's metric families, for the other replicas' scrapes."""
+        self.handle.put_metrics.remote(replica, families)
+
+    async def replica_metrics(self, exclude: str, timeout_s: float = 2.0) -> list[list]:
+        """The other replicas' last published metric families ([] when the coordinator does not answer in time)."""
+        import ray
+
+        try:
+            return await asyncio.wait_for(self.handle.replica_metrics.remote(exclude), timeout_s)
+        except (asyncio.TimeoutError, ray.exceptions.RayError):
+            return []
 
     def register_replica(self, name: str, placement: dict) -> None:
         import ray

@@ -24,12 +24,38 @@ def _one_of(value: str, allowed: list[str]) -> str:
     return value
 
 
+class AutoscalingConfig(BaseModel):
+    """Serve's autoscaling of the target replicas (each replica takes the resources of one: its GPU
+    on a GPU cluster, the target's memory on CPU)."""
+    model_config = ConfigDict(extra="forbid")
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=2, ge=1)
+    target_ongoing_requests: float = Field(default=16, gt=0)  # requests per replica Serve steers toward
+    upscale_delay_s: float = Field(default=30, ge=0)  # load above the target this long adds a replica
+    downscale_delay_s: float = Field(default=600, ge=0)  # load below it this long removes one
+    look_back_period_s: float = Field(default=30, gt=0)  # the load is averaged over this window
+
+    @model_validator(mode="after")
+    def max_not_below_min(self) -> "AutoscalingConfig":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        return self
+
+
 class TargetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = DEFAULT_MODEL
     dtype: str = "float32"
     num_gpus: float | None = Field(default=None, ge=0)  # per replica; None: 1 when the cluster has GPUs
     resources: dict[str, float] = {}  # custom Ray resources per replica, e.g. {specfleet_target: 1} (a node type)
+    replicas: int = Field(default=1, ge=1)  # target replicas (each loads the target; they pool what they learn)
+    autoscaling: AutoscalingConfig | None = None  # Serve scales the replicas instead (`replicas` then stays 1)
+
+    @model_validator(mode="after")
+    def replicas_or_autoscaling(self) -> "TargetConfig":
+        if self.autoscaling is not None and self.replicas != 1:
+            raise ValueError("give replicas (--target-replicas) or autoscaling (--target-autoscaling), not both")
+        return self
 
     @field_validator("dtype")
     @classmethod

@@ -23,6 +23,10 @@ SERVE_FLAGS: dict[str, tuple[tuple[str, ...], object, str]] = {
     "--dtype": (("target", "dtype"), str, "the target's dtype: float32 (default; bit-exact greedy), bfloat16, float16"),
     "--target-num-gpus": (("target", "num_gpus"), float, "GPUs per target replica (default: 1 on a GPU cluster, else 0)"),
     "--target-resources": (("target", "resources"), "json", 'custom Ray resources per target replica as JSON, e.g. {"specfleet_target": 1}'),
+    "--target-replicas": (("target", "replicas"), int, "target replicas, each with the whole target (default 1); they share "
+                                                       "what they learn through the coordinator"),
+    "--target-autoscaling": (("target", "autoscaling"), "json", 'Serve autoscaling of the target replicas as JSON, e.g. '
+                                                              '{"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 16}'),
     "--policy": (("policy",), str, "the bandit and its reward, e.g. metasd-ucb-cost-warm (default), metasd-ucb-cost, thompson, fixed:ngram"),
     "--verify": (("verify",), str, "how a round's drafts are verified: chosen, counterfactual, tree (default)"),
     "--k": (("k",), int, f"the most tokens a drafter drafts per round (1..{MAX_K}; default {K})"),

@@ -60,6 +60,7 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer, is_model_free, needs_features, needs_predictions
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
+from policy.pooled_counts import PooledCounts
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, TREE, parse_policy
 
 REQUEST_TTL_S = 60.0  # a request without a call for this long is over (its target died)
@@ -182,6 +183,7 @@ class Coordinator:
         self.model_free = {name for name, d in self.drafters.items() if is_model_free(d)}
         self.feature_arms = {name for name, d in self.drafters.items() if needs_features(d)}
         self.prediction_arms = {name for name, d in self.drafters.items() if needs_predictions(d)}
+        self.draft_lengths = PooledCounts()  # every target replica's draft-length statistics, summed
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -408,14 +410,22 @@ class Coordinator:
                 stats.accepted += draft.accepted
                 stats.reward_sum += draft.reward
 
+    def pool_lengths(self, delta: Mapping[str, Sequence[Sequence[float]]]) -> dict[str, list[list[float]]]:
+        """A target replica's draft-length statistics gathered since its last share (deploy/engine/
+        shared_lengths.py) join the pool's; -> the pool's totals, which the replica then drafts on."""
+        with self._lock:
+            return self.draft_lengths.add(delta)
+
     def learned(self) -> dict:
         """What the coordinator has learned across requests, as JSON-able data (its checkpoint): the
         policy and reward it was learned under, each arm's global statistics (what a warm bandit
-        starts from) and each drafter's counters (`stats`)."""
+        starts from), each drafter's counters (`stats`) and the target replicas' pooled
+        draft-length statistics."""
         with self._lock:
             return {"policy": self.spec.name, "reward": self.spec.reward,
                     "arms": {arm: asdict(s) for arm, s in self.global_stats.items()},
-                    "drafters": {name: asdict(s) for name, s in self.drafter_stats.items()}}
+                    "drafters": {name: asdict(s) for name, s in self.drafter_stats.items()},
+                    "draft_lengths": self.draft_lengths.snapshot()}
 
     def restore(self, learned: Mapping) -> bool:
         """Take a checkpoint's statistics (`learned`) for the drafters in the pool. False, and
@@ -429,6 +439,7 @@ class Coordinator:
             for name, values in learned.get("drafters", {}).items():
                 if name in self.drafter_stats:
                     self.drafter_stats[name] = DrafterStats(**values)
+            self.draft_lengths.restore(learned.get("draft_lengths", {}))
         return True
 
     def stats(self) -> dict:

@@ -5,11 +5,14 @@ One `propose_batch` call per iteration carries every request's new tokens, the p
 feedback and its unsent features; it answers each request's `DraftRound`. A round may name
 `deferred` model drafters (a local coordinator drafts in one process and leaves the costly ones
 to a second call, sized by the engine: `draft_deferred`); a coordinator that drafts in parallel
-defers none. `finish` hands over a request's last tokens and feedback and frees its sessions.
+defers none. `finish` hands over a request's last tokens and feedback and frees its sessions. A coordinator
+shared by several target replicas may also pool their draft-length statistics (`pool_lengths`,
+deploy/engine/shared_lengths.py); one without it leaves each engine to its own.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from actors.proposal import Proposal
@@ -31,3 +34,6 @@ class DraftCoordinator(Protocol):
     def draft_deferred(self, request_id: str, tokens: Mapping[str, int], sampling: SamplingParams) -> tuple[Proposal, ...]: ...
 
     def finish(self, request_id: str, new_tokens: Sequence[int] = (), feedback: RoundFeedback | None = None) -> None: ...
+
+    def pool_lengths(self, delta: Mapping[str, list[list[float]]]) -> Mapping[str, list[list[float]]] | Future:
+        """Optional: add a replica's new draft-length counts to the pool's; -> the totals (or a Future of them)."""

@@ -34,7 +34,7 @@ learning.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -195,6 +195,22 @@ class DraftLengths:
             if rate > best_rate:
                 best, best_rate = length, rate
         return best
+
+    def counts(self) -> dict[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]:
+        """A copy of every statistics row: key (drafter, source, match length or calibration
+        cell) -> (reached, accepted) per position or confidence bin (deploy/engine/shared_lengths.py
+        pools them across replicas)."""
+        return {key: (reached.copy(), self._accepted[key].copy()) for key, reached in self._reached.items()}
+
+    def set_counts(self, counts: Mapping[tuple[str, str, int], tuple[np.ndarray, np.ndarray]]) -> None:
+        """Replace every statistics row with `counts` (the form `counts()` returns); a row shorter
+        than this engine's (pooled from a replica drafting fewer tokens) is padded with zeros."""
+        reached_rows, accepted_rows = {}, {}
+        for key, (reached, accepted) in counts.items():
+            size = max(len(reached), len(accepted), CONFIDENCE_BINS if key[1] == CONFIDENCE else self.max_k)
+            reached_rows[key], accepted_rows[key] = np.zeros(size), np.zeros(size)
+            reached_rows[key][: len(reached)], accepted_rows[key][: len(accepted)] = reached, accepted
+        self._reached, self._accepted = reached_rows, accepted_rows
 
     @staticmethod
     def lengths_keeping(tree: DraftTree, kept: set[int]) -> list[int]:

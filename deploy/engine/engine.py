@@ -53,6 +53,7 @@ from deploy.engine.learning import RoundLearner, batch_pricing
 from deploy.engine.planner import DraftPlanner
 from deploy.engine.predictions import top_predictions
 from deploy.engine.request import ABORT, GenerationResult, RequestState, RoundTrace
+from deploy.engine.shared_lengths import LengthSharing
 from deploy.engine.slot_kv import SlotSequence
 from deploy.engine.target import BatchRow, TargetModel
 from policy.coordinator import Coordinator
@@ -102,6 +103,9 @@ class SpeculativeEngine:
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k, max_tree_nodes)
         self.planner = DraftPlanner(k, self.costs, self.draft_lengths)
         self.learner = RoundLearner(self.reward_kind, k, self.costs, self.draft_lengths)
+        # pooled with every replica's through the coordinator (deploy/engine/shared_lengths.py)
+        pool_lengths = getattr(self.coordinator, "pool_lengths", None)
+        self.sharing = LengthSharing(self.draft_lengths, pool_lengths) if pool_lengths is not None else None
 
     def generate(
         self,
@@ -198,6 +202,13 @@ class SpeculativeEngine:
                 planner.guard.observe(len(requests), drafts_ran, sum(t.emitted for t in traces) * plain_s
                                       / (len(requests) * (time.perf_counter() - began)))
             return traces
+
+    def share_learning(self, wait: bool = False) -> None:
+        """Pool the draft-length statistics with the other replicas' when due (deploy/engine/
+        shared_lengths.py); wait: now, and take the pool's totals before returning (at start).
+        Called between iterations by the thread that runs them."""
+        if self.sharing is not None:
+            self.sharing.share_now() if wait else self.sharing.maybe_share()
 
     def enable_batching(self) -> None:
         """Measure the batch forward's costs (deploy/engine/cost_model.BatchCosts): from then on a

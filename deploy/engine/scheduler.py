@@ -12,7 +12,9 @@ contract and may be called from any number of threads at once. Each iteration:
              forward with the prompt chunks (`SpeculativeEngine.iterate`); each request's new tokens go to its
              `on_tokens` as the iteration ends; finished requests leave and answer their caller
 
-Requests join and leave between iterations only. A failure of the iteration's forward or drafting
+Requests join and leave between iterations only; between them, too, the engine pools its
+draft-length statistics with the other replicas' (deploy/engine/shared_lengths.py: once when it
+starts, then at most every few seconds). A failure of the iteration's forward or drafting
 fails the requests in it (each caller gets the exception) and the scheduler goes on serving.
 
 Every forward runs in the scheduler's one thread, and a server builds its engine there too
@@ -87,6 +89,7 @@ class BatchScheduler:
         try:
             engine = engine() if callable(engine) else engine
             engine.enable_batching()  # measures the batch forward's costs (a few seconds)
+            engine.share_learning(wait=True)  # start from what the other replicas learned
         except BaseException as err:  # noqa: BLE001 - the constructor raises it
             built.set_exception(err)
             return
@@ -103,6 +106,7 @@ class BatchScheduler:
                     jobs.append(self._waiting.popleft())
             try:
                 jobs = self._iteration(jobs)
+                self.engine.share_learning()
             except Exception as err:  # noqa: BLE001 - every caller in the batch gets it; serving goes on
                 logger.error("a batch iteration failed", exc_info=err)
                 for job in jobs:

@@ -62,7 +62,9 @@ def build_app(args: dict):
     api_keys, admin_keys = on_head(service_keys, config.api_key_file)
     start_pool(config)
     num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
-    target = serve.deployment(name="SpecfleetServer", max_ongoing_requests=config.max_ongoing_requests,
+    scaling = {"autoscaling_config": config.target.autoscaling.model_dump()} if config.target.autoscaling \
+        else {"num_replicas": config.target.replicas}
+    target = serve.deployment(name="SpecfleetServer", **scaling, max_ongoing_requests=config.max_ongoing_requests,
                               max_queued_requests=config.max_queued_requests, ray_actor_options={
         "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(SpecfleetServer)
     front = serve.deployment(name="SpecfleetFront", max_ongoing_requests=FRONT_MAX_ONGOING,

@@ -3,8 +3,11 @@
 `ServiceMetrics.observe(result, ttft_s, e2e_s)` records one finished request (`observe_work(result)`
 one abandoned by its client: `request_success_total{finished_reason="abort"}`); `render()` returns the
 Prometheus text exposition. Each replica has its own registry, and every sample carries the labels
-`model_name` (the served name, as vLLM's dashboards expect) and `replica` (which replica answered
-the scrape, so series from several replicas never mix); nothing secret is ever a label.
+`model_name` (the served name, as vLLM's dashboards expect) and `replica` (the replica that
+counted it, so series from several replicas never mix); nothing secret is ever a label. With
+several replicas, a scrape answers every replica's series: `families()` are what a replica
+publishes (deploy/service/server.py, through the coordinator) and `render(others)` merges the
+other replicas' last published families into this replica's exposition, family by family.
 A multi-draft round's `drafter` label joins its drafters with '+' (its drafted tokens are a tree's
 nodes, not one drafter's); `bandit_arm_pulls_total` counts each of them. `target_forwards_total`
 counts verification forwards (one per round; the prompt's prefill is not counted), so
@@ -13,6 +16,8 @@ generation_tokens / target_forwards is tokens per forward. The request gauges mo
 they are safe to call from any thread. deploy/grafana/specfleet-dashboard.json queries these names.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -106,5 +111,28 @@ class ServiceMetrics:
         self.target_forwards.inc(len(result.rounds))
         self.request_success.labels(result.finish_reason).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(_Labelled(self.registry, self.labels))
+    def families(self) -> list[Metric]:
+        """This replica's metric families, every sample labelled (what it publishes to the others)."""
+        return list(_Labelled(self.registry, self.labels).collect())
+
+    def render(self, others: Iterable[Sequence[Metric]] = ()) -> bytes:
+        """The Prometheus text exposition of this replica's metrics and `others` (other replicas'
+        `families()`): one family per name holding every replica's samples."""
+        return generate_latest(_Merged([self.families(), *others]))
+
+
+class _Merged:
+    """Several replicas' metric families as one collector: each name once, with every replica's samples."""
+
+    def __init__(self, groups: Sequence[Sequence[Metric]]) -> None:
+        self.groups = groups
+
+    def collect(self):
+        merged: dict[str, Metric] = {}
+        for families in self.groups:
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                into.samples.extend(family.samples)
+        yield from merged.values()

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import threading
+import time
 
 import torch
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
@@ -70,6 +72,8 @@ from deploy.service.openapi import ADMIN_ERRORS, STREAMED, V1_ERRORS, install_sc
 from policy.coordinator import Coordinator
 
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
+logger = logging.getLogger("specfleet")
+REPLICA_HEADER = "specfleet-replica"  # which target replica answered (through the front)
 
 
 def _error(message: str, param: str | None, status: int, error_type: str = "invalid_request_error",
@@ -111,6 +115,9 @@ class SpecfleetServer:
             proxy.register_replica(actor_name(), here() | {"device": str(self.target.device)})  # for `specfleet status`
         self.metrics = ServiceMetrics(self.model_name, replica)
         self._metrics_lock = threading.Lock()
+        self._coordinator = proxy if coordinator == "actor" else None
+        if self._coordinator is not None:  # every replica's scrape answers every replica's series
+            threading.Thread(target=self._publish_metrics, name="specfleet-metrics", daemon=True).start()
         _replica.server = self  # one replica per process: the routes below serve this instance
 
     def _engine(self, coordinator) -> SpeculativeEngine:
@@ -130,9 +137,25 @@ class SpecfleetServer:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "specfleet"}]}
 
-    def prometheus(self) -> Response:
+    async def prometheus(self) -> Response:
+        """This replica's metrics, fresh, and every other live replica's as it last published them."""
+        others = await self._coordinator.replica_metrics(exclude=self.metrics.labels["replica"]) \
+            if self._coordinator is not None else []
         with self._metrics_lock:
-            return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+            return Response(self.metrics.render(others), media_type=CONTENT_TYPE_LATEST)
+
+    def _publish_metrics(self) -> None:
+        """Every METRICS_S: this replica's metric families to the coordinator, for the others' scrapes."""
+        from cluster.coordinator_actor import METRICS_S
+
+        while True:
+            try:
+                with self._metrics_lock:
+                    families = self.metrics.families()
+                self._coordinator.put_metrics(self.metrics.labels["replica"], families)
+            except Exception as err:  # noqa: BLE001 - the coordinator is restarting: publish again next time
+                logger.debug("publishing metrics failed: %r", err)
+            time.sleep(METRICS_S)
 
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Finished:
         tracked = TrackedEngine(self.scheduler, self.metrics)
@@ -380,8 +403,12 @@ class SpecfleetServer:
 
     # ---- behind the front deployment (deploy/service/front.py) ----------------------------------------
     async def http(self, method: str, path: str, query: bytes, headers: list[tuple[str, str]], body: bytes):
-        """One forwarded HTTP request through this process's app: (status, headers), then body chunks."""
+        """One forwarded HTTP request through this process's app: (status, headers), then body
+        chunks. The headers name the replica that answered (`specfleet-replica`, its metrics label)."""
         async for item in call_asgi(app, method, path, query, headers, body):
+            if isinstance(item, tuple):
+                status, response_headers = item
+                item = status, [*response_headers, (REPLICA_HEADER, self.metrics.labels["replica"])]
             yield item
 
     async def grpc(self, method: str, request, metadata: dict):
@@ -462,7 +489,7 @@ async def health() -> dict:
 
 @app.get("/metrics")
 async def prometheus() -> Response:
-    return _server().prometheus()
+    return await _server().prometheus()
 
 
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(_gate)], responses=V1_ERRORS)
