@@ -2,7 +2,9 @@
 awaited on drafter actors, plus its start, lookup and the engine-facing proxy.
 
 `CoordinatorActor` is the async actor body (it also keeps where each target replica runs, for
-`specfleet status`). The drafters that need no model and ask for no resources draft inside it
+`specfleet status`; what the target replicas learn about draft lengths, pooled: `pool_lengths`,
+deploy/engine/shared_lengths.py; and each replica's last published metric families, so that a
+scrape of any replica shows every replica: `put_metrics`, `replica_metrics`). The drafters that need no model and ask for no resources draft inside it
 (cluster/resources.py `drafts_in_coordinator`: given as a `DrafterSpec`, built here); the others
 are drafter actors it calls; `start_coordinator_actor` applies `ray.remote` at build time and names the
 actor `specfleet:coordinator` in the `specfleet` namespace; `connect_coordinator` looks it up and

@@ -62,8 +62,10 @@ def build_app(args: dict):
     api_keys, admin_keys = on_head(service_keys, config.api_key_file)
     start_pool(config)
     num_gpus = target_gpus(config.target.num_gpus, cluster_gpus())
-    scaling = {"autoscaling_config": config.target.autoscaling.model_dump()} if config.target.autoscaling \
-        else {"num_replicas": config.target.replicas}
+    scaling = {"num_replicas": config.target.replicas}
+    if autoscaling := config.target.autoscaling:  # Serve wants its window longer than its metrics interval
+        scaling = {"autoscaling_config": autoscaling.model_dump() | {
+            "metrics_interval_s": min(10.0, autoscaling.look_back_period_s / 2)}}
     target = serve.deployment(name="SpecfleetServer", **scaling, max_ongoing_requests=config.max_ongoing_requests,
                               max_queued_requests=config.max_queued_requests, ray_actor_options={
         "num_cpus": 0, "num_gpus": num_gpus, "resources": config.target.resources})(SpecfleetServer)

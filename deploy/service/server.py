@@ -4,7 +4,9 @@
 the coordinator (the Ray actor `specfleet:coordinator` when `coordinator="actor"`, or an
 in-process one). HTTP routes: POST /v1/completions and /v1/chat/completions (JSON, or SSE with
 `stream: true`, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`),
-GET /v1/models, /health and /metrics; the admin API (always behind an admin token; 403 when the
+GET /v1/models, /health and /metrics (on the Ray service every replica's series: each replica
+publishes its metric families to the coordinator every 2 s and a scrape merges the others' into
+its own); the admin API (always behind an admin token; 403 when the
 service has none): GET/POST /admin/drafters, DELETE /admin/drafters/{name} (the live pool). gRPC (deploy/service/proto/specfleet.proto, through Serve's gRPC
 proxy): `Generate` and `GenerateStream`, methods named after the RPCs. Requests in flight are batched:
 one scheduler thread runs every round of them in one target forward (deploy/engine/scheduler.py),
@@ -19,7 +21,7 @@ INVALID_ARGUMENT; a missing/wrong API key (when keys are configured) 401 or UNAU
 /v1/* and gRPC (/health and /metrics stay open); a failed target 503 or UNAVAILABLE.
 On the Ray service the replica is reached through the front deployment (deploy/service/front.py): its
 `http` runs this module's FastAPI app in-process for one forwarded request and streams the
-answer; its `grpc` runs `Generate` / `GenerateStream` with a context that records the status.
+answer, its headers naming the replica (`specfleet-replica`); its `grpc` runs `Generate` / `GenerateStream` with a context that records the status.
 deploy/service/app.py applies `serve.deployment` at build time; this module never imports Ray.
 """
 from __future__ import annotations

@@ -6,14 +6,12 @@ answer is exact, the service answers new requests, Serve's replacement runs with
 coordinator and its statistics live on, and the dead replica's drafter sessions are released.
 A local Ray of this test's own (it runs in this stage: it stops its pool at the end, which the
 main suite's shared service must keep)."""
-import json
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.bench.replica_kill import per_replica, running_replicas
 from tests.conftest import CHAT_PROMPTS, chat_text, free_ports, plain_text
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model]
@@ -44,18 +42,6 @@ def plain(target):
     return [plain_text(target, messages, MAX_TOKENS) for messages in CHAT_PROMPTS]
 
 
-def replicas_in_a_scrape(url: str) -> dict[str, float]:
-    """replica -> requests it finished, from one scrape of /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "specfleet:generation_tokens_total":
-                found[sample.labels["replica"]] = found.get(sample.labels["replica"], 0) + sample.value
-    return found
-
-
 def pooled_lengths() -> dict:
     import ray
 
@@ -71,11 +57,11 @@ def test_both_replicas_answer_exactly_and_every_scrape_shows_both(two_replicas, 
         answers = list(clients.map(lambda messages: chat_text(two_replicas, messages, MAX_TOKENS), prompts))
     assert answers == plain * 2
     deadline = time.monotonic() + 30  # each replica publishes its metrics every 2 s
-    while len(served := replicas_in_a_scrape(two_replicas)) < 2 and time.monotonic() < deadline:
+    while len(served := per_replica(two_replicas)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert len(served) == 2 and sum(served.values()) > 0
+    assert len(served) == 2 and all(row["tokens"] > 0 for row in served.values())
     for _ in range(10):
-        assert len(replicas_in_a_scrape(two_replicas)) == 2
+        assert len(per_replica(two_replicas)) == 2
 
 
 def test_the_replicas_pool_their_draft_length_statistics_in_the_coordinator(two_replicas):
@@ -88,100 +74,20 @@ def test_the_replicas_pool_their_draft_length_statistics_in_the_coordinator(two_
     assert sum(rows[0][0] for rows in pooled.values()) > 0  # drafted first tokens were verified
 
 
-def stream_chat(url: str, messages: list[dict], record: dict) -> None:
-    """One streamed chat completion over raw SSE; `record` gets the replica that answered, the
-    text, whether an error event came, whether [DONE] came, and when it ended."""
-    import httpx
-
-    body = {"model": "smollm2-135m", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
-    record.update(text="", error=False, done=False)
-    try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as reply:
-            record["replica"] = reply.headers.get("specfleet-replica")
-            for line in reply.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    record["done"] = True
-                    continue
-                event = json.loads(line[len("data: "):])
-                if "error" in event:
-                    record["error"] = True
-                elif event.get("choices"):
-                    record["text"] += event["choices"][0]["delta"].get("content") or ""
-    finally:
-        record["ended"] = time.monotonic()
-
-
-def replica_actor(replica_id: str):
-    import ray
-
-    [named] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith("#" + replica_id)]
-    return ray.get_actor(named["name"], namespace=named["namespace"])
-
-
-def running_replicas() -> int:
-    from ray import serve
-
-    states = serve.status().applications["specfleet"].deployments["SpecfleetServer"].replica_states
-    return states.get("RUNNING", 0)
-
-
-def coordinator_now() -> tuple[str, dict]:
-    import ray
-
-    from cluster.coordinator_actor import COORDINATOR_NAME
-    from cluster.local import NAMESPACE
-
-    handle = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
-    return handle._actor_id.hex(), ray.get(handle.stats.remote(), timeout=30)
-
-
 def test_killing_a_replica_under_load_ends_only_its_requests_cleanly_and_the_service_recovers(two_replicas, plain):
-    import ray
+    from deploy.bench.replica_kill import kill_round, round_passed
 
-    coordinator_before, stats_before = coordinator_now()
-    pulls_before = sum(d["pulls"] for d in stats_before["drafters"].values())
     prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(32)]
-    records = [{} for _ in prompts]
-    with ThreadPoolExecutor(16) as clients:
-        futures = [clients.submit(stream_chat, two_replicas, messages, record) for messages, record in zip(prompts, records)]
-        deadline = time.monotonic() + 120
-        while not any(r.get("replica") and r.get("text") and "ended" not in r for r in records):
-            assert time.monotonic() < deadline, "no request started streaming"
-            time.sleep(0.2)
-        victim = next(r["replica"] for r in records if r.get("replica") and r.get("text") and "ended" not in r)
-        killed_at = time.monotonic()
-        ray.kill(replica_actor(victim), no_restart=True)
-        for future in futures:
-            future.result(timeout=180)  # a request that hangs fails the test here
-    failed = [r for r in records if r["error"] or not r["done"]]
-    assert failed, "the kill ended no request (it came too late to test anything)"
-    for record in failed:  # only requests on the killed replica, each a clean error within 10 s
-        assert record["replica"] == victim and record["error"] and record["done"]
-        assert record["ended"] - killed_at <= 10
-    for record, messages in zip(records, prompts):
-        if record not in failed:
-            assert record["text"] == plain[CHAT_PROMPTS.index(messages)]
-    recovered = time.monotonic() + 60
-    while True:  # new requests succeed, and Serve's replacement runs, within 60 s of the kill
-        try:
-            assert chat_text(two_replicas, CHAT_PROMPTS[0], MAX_TOKENS) == plain[0]
-            if running_replicas() == 2:
-                break
-        except AssertionError:
-            raise
-        except Exception:  # noqa: BLE001 - not yet: try again
-            pass
-        assert time.monotonic() < recovered, "the service did not recover within 60 s"
-        time.sleep(1)
-    coordinator_after, stats_after = coordinator_now()
-    assert coordinator_after == coordinator_before  # the coordinator, and what it learned, live on
-    assert sum(d["pulls"] for d in stats_after["drafters"].values()) >= pulls_before
-    released = time.monotonic() + 30  # the dead replica's requests expire after request_ttl_s
-    while coordinator_now()[1]["active_requests"]:
-        assert time.monotonic() < released, "the killed replica's drafter sessions were never released"
-        time.sleep(1)
+    report = kill_round(two_replicas, prompts, [plain[i % len(plain)] for i in range(32)], clients=16,
+                        max_tokens=MAX_TOKENS, request_ttl_s=ARGS["request_ttl_s"])
+    assert report["victim"] is not None and report["failed"] > 0, report  # the kill came while requests ran on it
+    assert report["hung"] == 0 and report["wrong"] == 0, report
+    assert report["failed_on_another_replica"] == 0 and report["failed_unclean"] == 0, report
+    assert report["slowest_failure_s"] <= 10, report
+    assert report["recovered_s"] is not None and report["recovered_s"] <= 60, report
+    assert report["replacement_serving_s"] is not None and report["replacement_serving_s"] <= 60, report
+    assert report["coordinator_kept"] and report["sessions_released_s"] is not None, report
+    assert round_passed(report)
 
 
 def test_with_autoscaling_serve_adds_a_replica_under_load_and_removes_it_after(two_replicas, plain):
