@@ -2,8 +2,8 @@
 awaited on drafter actors, plus its start, lookup and the engine-facing proxy.
 
 `CoordinatorActor` is the async actor body (it also keeps where each target replica runs, for
-`specfleet status`; what the target replicas learn about draft lengths, pooled: `pool_lengths`,
-deploy/engine/shared_lengths.py; and each replica's last published metric families, so that a
+`specfleet status`; what the target replicas learn about draft lengths, pooled, and their draft guards' figures:
+`pool_lengths`, `pool_guard`, deploy/engine/shared_lengths.py; and each replica's last published metric families, so that a
 scrape of any replica shows every replica: `put_metrics`, `replica_metrics`). The drafters that need no model and ask for no resources draft inside it
 (cluster/resources.py `drafts_in_coordinator`: given as a `DrafterSpec`, built here); the others
 are drafter actors it calls; `start_coordinator_actor` applies `ray.remote` at build time and names the
@@ -257,6 +257,10 @@ class CoordinatorActor:
         """A replica's new draft-length statistics join the pool's; -> the totals (checkpointed)."""
         return self.core.pool_lengths(delta)
 
+    async def pool_guard(self, state: dict) -> dict:
+        """A replica's draft-guard figures; -> per batch bucket the best-evidenced replica's."""
+        return self.core.pool_guard(state)
+
     async def add_drafter(self, name: str, handle, config: Mapping | None = None) -> None:
         """handle: the new drafter actor's, or the `DrafterSpec` of a drafter built and hosted here."""
         if isinstance(handle, DrafterSpec):
@@ -437,6 +441,10 @@ class RemoteCoordinator:
     def pool_lengths(self, delta: dict):
         """Sent, not awaited: -> a Future of the pool's draft-length totals (deploy/engine/shared_lengths.py)."""
         return self.handle.pool_lengths.remote(delta).future()
+
+    def pool_guard(self, state: dict):
+        """Sent, not awaited: -> a Future of the pooled draft-guard figures."""
+        return self.handle.pool_guard.remote(state).future()
 
     def put_metrics(self, replica: str, families: list) -> None:
         """Sent, not awaited: this replica's metric families, for the other replicas' scrapes."""

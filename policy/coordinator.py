@@ -184,6 +184,7 @@ class Coordinator:
         self.feature_arms = {name for name, d in self.drafters.items() if needs_features(d)}
         self.prediction_arms = {name for name, d in self.drafters.items() if needs_predictions(d)}
         self.draft_lengths = PooledCounts()  # every target replica's draft-length statistics, summed
+        self.guard_figures: dict[str, list[float]] = {}  # per batch bucket: the best-evidenced replica's guard figures
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -415,6 +416,17 @@ class Coordinator:
         shared_lengths.py) join the pool's; -> the pool's totals, which the replica then drafts on."""
         with self._lock:
             return self.draft_lengths.add(delta)
+
+    def pool_guard(self, state: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+        """A target replica's draft-guard figures per batch bucket (deploy/engine/draft_guard.py
+        `state`) -> per bucket, the figures of the replica with the most iterations there (what a
+        new replica seeds the buckets it has not probed with)."""
+        with self._lock:
+            for bucket, figures in state.items():
+                held = self.guard_figures.get(bucket)
+                if held is None or figures[0] + figures[2] >= held[0] + held[2]:
+                    self.guard_figures[bucket] = [float(v) for v in figures]
+            return {bucket: list(figures) for bucket, figures in self.guard_figures.items()}
 
     def learned(self) -> dict:
         """What the coordinator has learned across requests, as JSON-able data (its checkpoint): the

@@ -35,14 +35,15 @@ RECOVERY_S = 60.0  # new requests succeed and the replacement runs within this
 def stream_chat(url: str, messages: list[dict], max_tokens: int, record: dict, timeout_s: float = HUNG_S) -> None:
     """One streamed greedy chat completion over raw SSE; `record` gets the replica that answered,
     the text, whether an error event came, whether [DONE] came, whether it hung, and when it ended."""
-    import httpx
+    import requests
 
     body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     record.update(text="", error=False, done=False, hung=False, replica=None, sent=time.monotonic())
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s) as reply:
+        with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=timeout_s) as reply:
             record["replica"] = reply.headers.get("specfleet-replica")
-            for line in reply.iter_lines():
+            for raw in reply.iter_lines():
+                line = raw.decode("utf-8")
                 if not line.startswith("data: "):
                     continue
                 if line == "data: [DONE]":
@@ -53,9 +54,9 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, record: dict, t
                     record["error"] = True
                 elif event.get("choices"):
                     record["text"] += event["choices"][0]["delta"].get("content") or ""
-    except httpx.TimeoutException:
+    except requests.Timeout:
         record["hung"] = True
-    except httpx.HTTPError:
+    except requests.RequestException:
         record["error"] = True  # the connection broke: not a clean end (no [DONE])
     finally:
         record["ended"] = time.monotonic()
@@ -143,7 +144,7 @@ def kill_round(url: str, prompts: Sequence[list[dict]], expected: Sequence[str],
     after = [r["ended"] - killed_at for r in records if r["sent"] > killed_at and r not in failed]
     recovered_s = min(after) if after else None
     replacement_s = None  # until a replica not serving before the kill has answered a request
-    while time.monotonic() - killed_at < RECOVERY_S + 60:
+    while time.monotonic() - killed_at < RECOVERY_S + 90:
         try:
             if chat(url, prompts[0], max_tokens) == expected[0] and recovered_s is None:
                 recovered_s = time.monotonic() - killed_at
@@ -154,8 +155,9 @@ def kill_round(url: str, prompts: Sequence[list[dict]], expected: Sequence[str],
         if recovered_s is not None and replacement_s is not None:
             break
     coordinator_after, _ = coordinator_state()
-    released_s = None
-    while time.monotonic() - killed_at < request_ttl_s + 60:
+    released_s = None  # the dead replica's requests expire request_ttl_s after their last round
+    deadline = max(killed_at + request_ttl_s + 60, time.monotonic() + 5)
+    while time.monotonic() < deadline:
         if not coordinator_state()[1]["active_requests"]:
             released_s = time.monotonic() - killed_at
             break

@@ -7,7 +7,8 @@ feedback and its unsent features; it answers each request's `DraftRound`. A roun
 to a second call, sized by the engine: `draft_deferred`); a coordinator that drafts in parallel
 defers none. `finish` hands over a request's last tokens and feedback and frees its sessions. A coordinator
 shared by several target replicas may also pool their draft-length statistics (`pool_lengths`,
-deploy/engine/shared_lengths.py); one without it leaves each engine to its own.
+deploy/engine/shared_lengths.py) and seed each other's draft guards (`pool_guard`); one without
+them leaves each engine to its own.
 """
 from __future__ import annotations
 
@@ -37,3 +38,6 @@ class DraftCoordinator(Protocol):
 
     def pool_lengths(self, delta: Mapping[str, list[list[float]]]) -> Mapping[str, list[list[float]]] | Future:
         """Optional: add a replica's new draft-length counts to the pool's; -> the totals (or a Future of them)."""
+
+    def pool_guard(self, state: Mapping[str, list[float]]) -> Mapping[str, list[float]] | Future:
+        """Optional: a replica's draft-guard figures per batch bucket; -> the best-evidenced replica's (or a Future)."""

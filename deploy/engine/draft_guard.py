@@ -17,10 +17,13 @@ means are running means turning into moving averages (ALPHA). The decision per i
     drafting does not pay      plain; one iteration in RETRY_EVERY drafts, to see it pay again
 
 A bucket's figures are its own, so when load falls the smaller batches draft by theirs. Plain
-iterations are plain target steps: output is unchanged whatever the guard decides.
+iterations are plain target steps: output is unchanged whatever the guard decides. A new replica
+seeds the buckets it has not probed from the pool's figures (`seed`, through the coordinator:
+deploy/engine/shared_lengths.py).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deploy.engine.load_calibration import batch_bucket, bucket_label
@@ -79,6 +82,23 @@ class DraftGuard:
         """An iteration's realised gain; `drafted`: whether the guard let it draft."""
         bucket = self._bucket(rows)
         (bucket.drafted if drafted else bucket.plain).observe(gain)
+
+    def state(self) -> dict[str, list[float]]:
+        """Per bucket (its key, as text): [drafted iterations, drafted gain, plain iterations,
+        plain gain]: what another replica may start from (`seed`)."""
+        return {str(key): [b.drafted.iterations, b.drafted.gain, b.plain.iterations, b.plain.gain]
+                for key, b in self._buckets.items()}
+
+    def seed(self, pooled: Mapping[str, Sequence[float]]) -> None:
+        """Start each arm this guard has not probed yet (fewer than PROBES iterations) from
+        another replica's figures (`state`), counted as PROBES iterations: it decides at once
+        instead of probing, and its own iterations soon outweigh the seed. A replica that starts
+        under load so skips the plain probes its peers already ran."""
+        for key, (drafted_n, drafted_gain, plain_n, plain_gain) in pooled.items():
+            bucket = self._buckets.setdefault(int(key), _Bucket(_Arm(), _Arm()))
+            for arm, iterations, gain in ((bucket.drafted, drafted_n, drafted_gain), (bucket.plain, plain_n, plain_gain)):
+                if arm.iterations < PROBES <= iterations:
+                    arm.iterations, arm.gain = PROBES, float(gain)
 
     def report(self) -> dict[str, dict]:
         """Per bucket (label): iterations and mean gain with and without drafting, and whether

@@ -105,7 +105,9 @@ class SpeculativeEngine:
         self.learner = RoundLearner(self.reward_kind, k, self.costs, self.draft_lengths)
         # pooled with every replica's through the coordinator (deploy/engine/shared_lengths.py)
         pool_lengths = getattr(self.coordinator, "pool_lengths", None)
-        self.sharing = LengthSharing(self.draft_lengths, pool_lengths) if pool_lengths is not None else None
+        self.sharing = LengthSharing(self.draft_lengths, pool_lengths, guard=self.planner.guard,
+                                     pool_guard=getattr(self.coordinator, "pool_guard", None)) \
+            if pool_lengths is not None else None
 
     def generate(
         self,

@@ -7,7 +7,11 @@ sends the counts gathered since its last share to the coordinator (`pool_lengths
 them to the pool's totals (policy/pooled_counts.py) and answers the totals; the engine then holds
 those totals plus what it observed while the answer was on its way. So every replica cuts drafts
 on every replica's evidence, and a new or restarted replica starts from what the others learned.
-The coordinator keeps the totals in its checkpoint, so they survive its restart.
+The coordinator keeps the totals in its checkpoint, so they survive its restart. With each share
+the draft guard's figures per batch size go too (`pool_guard`): the coordinator keeps, per size,
+those of the replica with the most iterations there, and a replica seeds the sizes it has not
+probed yet from them (deploy/engine/draft_guard.py), so a replacement that starts under load
+drafts at once where its peers found drafting pays, instead of probing plain first.
 
 `pool_lengths(delta)` answers the totals, or a `concurrent.futures.Future` of them (the Ray
 coordinator's proxy: the scheduler never waits on it, it takes the answer at a later iteration).
@@ -24,6 +28,7 @@ from concurrent.futures import Future, TimeoutError
 
 import numpy as np
 
+from deploy.engine.draft_guard import DraftGuard
 from deploy.engine.draft_length import DraftLengths
 
 SHARE_S = 5.0  # at most this often a replica shares (an iteration is 0.05-1 s)
@@ -64,8 +69,13 @@ def _padded_sum(have: np.ndarray, more: np.ndarray, sign: float) -> np.ndarray:
 
 class LengthSharing:
     def __init__(self, lengths: DraftLengths, pool_lengths: Callable[[dict], Mapping | Future],
-                 every_s: float = SHARE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 every_s: float = SHARE_S, clock: Callable[[], float] = time.monotonic,
+                 guard: DraftGuard | None = None, pool_guard: Callable[[dict], Mapping | Future] | None = None) -> None:
+        """guard, pool_guard: with each share the draft guard's figures go too, and the buckets it
+        has not probed are seeded from the pool's (deploy/engine/draft_guard.py `seed`)."""
         self.lengths, self.pool_lengths, self.every_s, self.clock = lengths, pool_lengths, every_s, clock
+        self.guard, self.pool_guard = guard, pool_guard
+        self._guard_pending: Future | None = None
         self._taken: Counts = {}  # the pool's totals as last taken
         self._sent: Counts | None = None  # this engine's counts when the share in flight left
         self._pending: Future | None = None
@@ -74,6 +84,8 @@ class LengthSharing:
 
     def maybe_share(self) -> None:
         """Take an answered share; send the next one when SHARE_S has passed since the last."""
+        if self._guard_pending is not None and self._guard_pending.done():
+            self._seed_guard(self._guard_pending)
         if self._pending is not None:
             if not self._pending.done():
                 return
@@ -90,6 +102,8 @@ class LengthSharing:
             self._take(self._pending)
         if not self._send():
             return False
+        if self._guard_pending is not None and self._settle(self._guard_pending, timeout_s):
+            self._seed_guard(self._guard_pending)
         pending = self._pending
         if pending is None:
             return True  # answered at once
@@ -118,7 +132,24 @@ class LengthSharing:
             self._pending = answer
         else:
             self._adopt(answer)
+        if self.guard is not None and self.pool_guard is not None and self._guard_pending is None:
+            try:
+                seeds = self.pool_guard(self.guard.state())
+            except Exception as err:  # noqa: BLE001 - seeds are a head start only
+                logger.warning("sharing the draft guard's figures failed: %r", err)
+            else:
+                if isinstance(seeds, Future):
+                    self._guard_pending = seeds
+                else:
+                    self.guard.seed(seeds)
         return True
+
+    def _seed_guard(self, pending: Future) -> None:
+        self._guard_pending = None
+        try:
+            self.guard.seed(pending.result())
+        except Exception as err:  # noqa: BLE001 - seeds are a head start only
+            logger.warning("sharing the draft guard's figures failed: %r", err)
 
     def _take(self, pending: Future) -> bool:
         """Adopt an answered share's totals. -> False when it failed (its counts go with the next)."""

@@ -47,3 +47,25 @@ def test_each_batch_size_is_judged_on_its_own():
     report = guard.report()
     assert report["25-32"]["drafting"] is False and report["7-8"]["drafting"] is True
     assert report["25-32"]["plain_iterations"] > report["25-32"]["drafted_iterations"]
+
+
+def test_a_new_replica_seeded_from_a_peers_figures_drafts_at_once_where_the_peer_found_it_pays():
+    peer = DraftGuard()
+    run(peer, 8, 2 * PROBES + 10, drafted_gain=1.3)
+    newcomer = DraftGuard()
+    newcomer.seed(peer.state())
+    assert newcomer.pays(8) is True and run(newcomer, 8, 5, drafted_gain=1.3) == [True] * 5
+    assert newcomer.pays(28) is None  # a size the peer never saw is still probed
+
+
+def test_a_seed_never_overrides_what_the_guard_measured_itself_and_its_own_iterations_soon_outweigh_it():
+    own = DraftGuard()
+    run(own, 8, 2 * PROBES, drafted_gain=0.8)
+    peer = DraftGuard()
+    run(peer, 8, 2 * PROBES + 10, drafted_gain=1.5)
+    own.seed(peer.state())
+    assert own.pays(8) is False
+    seeded = DraftGuard()
+    seeded.seed(peer.state())  # drafting paid for the peer; here it does not
+    run(seeded, 8, 3 * RETRY_EVERY, drafted_gain=0.7)
+    assert seeded.pays(8) is False

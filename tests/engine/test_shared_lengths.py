@@ -139,3 +139,16 @@ def test_pooled_rows_of_different_lengths_add_position_by_position():
     short = lengths()
     short.set_counts({("ngram", "", 2): (np.ones(3), np.ones(3))})  # from a replica drafting 3 tokens
     assert len(short.acceptance(draft(), 6)) == 6  # padded to this engine's 8 positions
+
+
+def test_a_replica_seeds_its_draft_guard_from_the_peer_with_the_most_evidence():
+    from deploy.engine.draft_guard import PROBES, DraftGuard
+
+    shared = coordinator()
+    veteran, newcomer = DraftGuard(), DraftGuard()
+    for drafted in [False] * PROBES + [True] * (PROBES + 5):
+        veteran.observe(8, drafted, 1.4 if drafted else 1.0)
+    LengthSharing(lengths(), shared.pool_lengths, guard=veteran, pool_guard=shared.pool_guard).share_now()
+    LengthSharing(lengths(), shared.pool_lengths, guard=newcomer, pool_guard=shared.pool_guard).share_now()
+    assert newcomer.pays(8) is True  # no plain probes to run first
+    assert shared.pool_guard(newcomer.state()) == shared.pool_guard(veteran.state())  # the veteran's figures kept
