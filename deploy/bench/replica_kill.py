@@ -79,14 +79,6 @@ def replica_actor(replica_id: str):
     return ray.get_actor(named["name"], namespace=named["namespace"])
 
 
-def running_replicas() -> int:
-    from ray import serve
-
-    from deploy.service.app import APP_NAME
-
-    return serve.status().applications[APP_NAME].deployments["SpecfleetServer"].replica_states.get("RUNNING", 0)
-
-
 def coordinator_state() -> tuple[str, dict]:
     """(the coordinator actor's id, its statistics)."""
     import ray

@@ -103,11 +103,12 @@ class SpeculativeEngine:
         self.draft_lengths = DraftLengths(self.costs.forward_s, lambda n: self.costs.padded_size[n], k, max_tree_nodes)
         self.planner = DraftPlanner(k, self.costs, self.draft_lengths)
         self.learner = RoundLearner(self.reward_kind, k, self.costs, self.draft_lengths)
-        # pooled with every replica's through the coordinator (deploy/engine/shared_lengths.py)
+        # pooled with every replica's through a coordinator shared across processes (deploy/engine/
+        # shared_lengths.py); a coordinator in this process serves this engine alone: nothing to pool
         pool_lengths = getattr(self.coordinator, "pool_lengths", None)
+        shared = pool_lengths is not None and not isinstance(self.coordinator, Coordinator)
         self.sharing = LengthSharing(self.draft_lengths, pool_lengths, guard=self.planner.guard,
-                                     pool_guard=getattr(self.coordinator, "pool_guard", None)) \
-            if pool_lengths is not None else None
+                                     pool_guard=getattr(self.coordinator, "pool_guard", None)) if shared else None
 
     def generate(
         self,

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from deploy.bench.replica_kill import per_replica, running_replicas
+from deploy.bench.replica_kill import per_replica
 from tests.conftest import CHAT_PROMPTS, chat_text, free_ports, plain_text
 
 pytestmark = [pytest.mark.cluster, pytest.mark.model]
@@ -49,6 +49,14 @@ def pooled_lengths() -> dict:
     from cluster.local import NAMESPACE
 
     return ray.get(ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE).checkpoint.remote())["draft_lengths"]
+
+
+def running_replicas() -> int:
+    from ray import serve
+
+    from deploy.service.app import APP_NAME
+
+    return serve.status().applications[APP_NAME].deployments["SpecfleetServer"].replica_states.get("RUNNING", 0)
 
 
 def test_both_replicas_answer_exactly_and_every_scrape_shows_both(two_replicas, plain):
