@@ -4,7 +4,8 @@ awaited on drafter actors, plus its start, lookup and the engine-facing proxy.
 `CoordinatorActor` is the async actor body (it also keeps where each target replica runs, for
 `specfleet status`; what the target replicas learn about draft lengths, pooled, and their draft guards' figures:
 `pool_lengths`, `pool_guard`, deploy/engine/shared_lengths.py; and each replica's last published metric families, so that a
-scrape of any replica shows every replica: `put_metrics`, `replica_metrics`). The drafters that need no model and ask for no resources draft inside it
+scrape of any replica shows every replica: `put_metrics`, `replica_metrics`; the targets'
+forward-cost profiles by hardware: `cost_profile`, `put_cost_profile`, deploy/engine/shared_profile.py). The drafters that need no model and ask for no resources draft inside it
 (cluster/resources.py `drafts_in_coordinator`: given as a `DrafterSpec`, built here); the others
 are drafter actors it calls; `start_coordinator_actor` applies `ray.remote` at build time and names the
 actor `specfleet:coordinator` in the `specfleet` namespace; `connect_coordinator` looks it up and
@@ -30,6 +31,7 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal
 from cluster.drafter_actor import DrafterSpec, build_proposer, named_drafters, open_sessions
 from cluster.local import NAMESPACE
+from deploy.engine.shared_profile import ProfileBoard
 from policy.coordinator import DRAFT_TIMEOUT_S, PLAIN_ROUND, REQUEST_TTL_S, Coordinator, DraftCall, DraftRound
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY
 
@@ -71,6 +73,7 @@ class CoordinatorActor:
         self.draft_timeout_s = draft_timeout_s
         self.replicas: dict[str, dict] = {}  # target replica actor name -> where it runs
         self.replica_families: dict[str, tuple[float, list]] = {}  # replica -> (when, its metric families)
+        self.profiles = ProfileBoard()  # the targets' forward-cost profiles, by hardware
         self.drafting: dict[str, int] = {}  # drafter -> propose calls in flight
         self.down: dict[str, tuple[object, bool]] = {}  # drafter -> (handle, taken out of the bandits)
         self.kinds_known: set[str] = set(self.hosted)  # drafters asked whether they are model-free (hosted: known)
@@ -333,6 +336,14 @@ class CoordinatorActor:
         """A target replica's metric families (deploy/service/metrics.py), published every METRICS_S."""
         self.replica_families[replica] = (time.monotonic(), families)
 
+    async def cost_profile(self, key: str, claimant: str) -> dict:
+        """The forward-cost profile published for `key`, or whether `claimant` is to measure it
+        (deploy/engine/shared_profile.py)."""
+        return self.profiles.ask(key, claimant, time.monotonic())
+
+    async def put_cost_profile(self, key: str, profile: dict) -> None:
+        self.profiles.put(key, profile)
+
     async def replica_metrics(self, exclude: str = "") -> list[list]:
         """Every other replica's last published metric families; a replica silent for
         METRICS_STALE_S (it died, or was scaled away) is dropped."""
@@ -445,6 +456,16 @@ class RemoteCoordinator:
     def pool_guard(self, state: dict):
         """Sent, not awaited: -> a Future of the pooled draft-guard figures."""
         return self.handle.pool_guard.remote(state).future()
+
+    def cost_profile(self, key: str, claimant: str, timeout_s: float = 30.0) -> dict:
+        """The published forward-cost profile for `key`, or whether `claimant` is to measure it."""
+        import ray
+
+        return ray.get(self.handle.cost_profile.remote(key, claimant), timeout=timeout_s)
+
+    def put_cost_profile(self, key: str, profile: dict) -> None:
+        """Sent, not awaited: the forward-cost profile this replica measured."""
+        self.handle.put_cost_profile.remote(key, profile)
 
     def put_metrics(self, replica: str, families: list) -> None:
         """Sent, not awaited: this replica's metric families, for the other replicas' scrapes."""

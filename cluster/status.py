@@ -1,7 +1,8 @@
 """`specfleet status` as text: the nodes, where each target replica and drafter runs (its own actor, or
 the coordinator), the pool's health.
 
-`render_status(status)` formats the dict of `cluster.pool.pool_status()` (pure; node ids are
+A replica's FORWARD COSTS are "measured" by it or "adopted" from a peer on like hardware
+(deploy/engine/shared_profile.py). `render_status(status)` formats the dict of `cluster.pool.pool_status()` (pure; node ids are
 shortened to 8 characters, GPU ids are Ray's, `-` where there is none).
 """
 from __future__ import annotations
@@ -29,8 +30,8 @@ def render_status(status: dict) -> str:
     lines += _table(("NODE", "IP", "GPUS", "ALIVE"),
                     [(_short(n["node"]), n["node_ip"], f"{n['gpus']:g}", "yes" if n["alive"] else "no") for n in nodes])
     lines.append(f"target replicas ({len(status['replicas'])}):")
-    lines += _table(("REPLICA", "NODE", "IP", "GPU", "DEVICE"),
-                    [(r["replica"], _short(r["node"]), r["node_ip"], _gpus(r["gpu"]), r["device"])
+    lines += _table(("REPLICA", "NODE", "IP", "GPU", "DEVICE", "FORWARD COSTS"),
+                    [(r["replica"], _short(r["node"]), r["node_ip"], _gpus(r["gpu"]), r["device"], r.get("forward_costs"))
                      for r in status["replicas"]])
     lines.append(render_drafters(status["drafters"]))
     return "\n".join(lines)

@@ -12,9 +12,11 @@ after the kill, completed answers that differ from plain decoding (computed in t
 seconds until a request sent after the kill had succeeded and until Serve's replacement
 had answered one, whether the coordinator actor
 is the one from before, and seconds until the coordinator had no request open (the dead
-replica's drafter sessions released, after `--request-ttl-s`). Then requests run 4 at a time
-until the replacement finished `--first` of them: its tokens per forward over them against the
-surviving replica's over the same window (per-replica series of /metrics).
+replica's drafter sessions released, after `--request-ttl-s`). Then the yield: prompts of
+deploy/prompts/styles_test.jsonl (not the load's; each round goes on where the last stopped),
+each sent twice at once, until `--first` of them were answered by both the replacement and the
+survivor: the replacement's tokens per forward over them against the survivor's over the same
+prompts (each response's metrics; the service runs with `request_metrics` on).
 `kill_round` and the helpers are what tests/cluster_stage/test_replicas.py runs.
 """
 from __future__ import annotations
@@ -176,32 +178,47 @@ def round_passed(report: dict) -> bool:
             and report["sessions_released_s"] is not None)
 
 
-def replacement_yield(url: str, before: set[str], prompts: Sequence[list[dict]], max_tokens: int, first: int) -> dict:
-    """Requests 4 at a time until the replica not in `before` (the replacement) finished `first`:
-    each replica's tokens per forward over that window."""
-    start = per_replica(url)
-    sent = 0
-    with ThreadPoolExecutor(4) as pool:
-        while True:
-            now = per_replica(url)
-            new = [r for r in now if r not in before]
-            if new and now[new[0]]["requests"] >= first:
-                break
-            list(pool.map(lambda i: chat(url, prompts[i % len(prompts)], max_tokens), range(sent, sent + 4)))
-            sent += 4
-            time.sleep(2.5)  # the other replica's series are at most 2 s old
-    replacement = new[0]
-    rates = {}
-    for replica, row in now.items():
-        old = start.get(replica, {"tokens": 0.0, "forwards": 0.0, "requests": 0.0})
-        forwards = row["forwards"] - old["forwards"]
-        rates[replica] = {"requests": row["requests"] - old["requests"],
-                          "tokens_per_forward": round((row["tokens"] - old["tokens"]) / forwards, 3) if forwards else None}
-    survivor = next((r for r in rates if r != replacement and rates[r]["requests"]), None)
-    ratio = None
-    if survivor and rates[replacement]["tokens_per_forward"] and rates[survivor]["tokens_per_forward"]:
-        ratio = round(rates[replacement]["tokens_per_forward"] / rates[survivor]["tokens_per_forward"], 3)
-    return {"replacement": replacement, "survivor": survivor, "per_replica": rates, "ratio": ratio}
+def answered(url: str, messages: list[dict], max_tokens: int) -> tuple[str | None, int, int]:
+    """One greedy chat completion -> (the replica that answered, completion tokens, target forwards
+    it took: the response's per-request metrics, `request_metrics` on)."""
+    import requests
+
+    body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    reply = requests.post(f"{url}/v1/chat/completions", json=body, timeout=HUNG_S)
+    reply.raise_for_status()
+    answer = reply.json()
+    return (reply.headers.get("specfleet-replica"), answer["usage"]["completion_tokens"],
+            answer["metrics"]["timing"]["rounds"])
+
+
+def replacement_yield(url: str, before: set[str], prompts: Sequence[list[dict]], max_tokens: int, first: int,
+                      limit_s: float = 600.0) -> dict:
+    """Each prompt sent twice at once (balancing, the router mostly gives the two to different
+    replicas) until `first` prompts were answered by both the replacement (the replica not in
+    `before`) and the survivor: each one's tokens per forward over those same prompts. Pairs that
+    both went to one replica are left out."""
+    totals: dict[str, list[int]] = {}  # replica -> [tokens, forwards] over the split pairs
+    pairs = sent = 0
+    deadline = time.monotonic() + limit_s
+    with ThreadPoolExecutor(2) as pool:
+        while pairs < first and time.monotonic() < deadline:
+            messages = prompts[sent % len(prompts)]
+            sent += 1
+            answers = list(pool.map(lambda _: answered(url, messages, max_tokens), range(2)))
+            replicas = {replica for replica, _, _ in answers}
+            if len(replicas) < 2 or not replicas - before:
+                continue
+            pairs += 1
+            for replica, tokens, forwards in answers:
+                row = totals.setdefault(replica, [0, 0])
+                row[0] += tokens
+                row[1] += forwards
+    rates = {replica: round(tokens / forwards, 3) for replica, (tokens, forwards) in totals.items()}
+    replacement = next((r for r in rates if r not in before), None)
+    survivor = next((r for r in rates if r in before), None)
+    ratio = round(rates[replacement] / rates[survivor], 3) if replacement and survivor else None
+    return {"replacement": replacement, "survivor": survivor, "pairs": pairs, "sent": sent,
+            "tokens_per_forward": rates, "ratio": ratio}
 
 
 def plain_answers(prompts: Sequence[list[dict]], max_tokens: int) -> list[str]:
@@ -220,21 +237,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=16, help="streaming clients during a round")
     parser.add_argument("--requests", type=int, default=32, help="requests a round")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request")
-    parser.add_argument("--first", type=int, default=10, help="the replacement's requests its yield is measured on")
+    parser.add_argument("--first", type=int, default=10,
+                        help="prompts the replacement and the survivor both answer for the yield")
     parser.add_argument("--request-ttl-s", type=float, default=15.0, help="the service's request_ttl_s (session release)")
     parser.add_argument("--out", default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
 
-    from deploy.bench.prompts import MIXED_TEST_PROMPTS, load_prompts
+    from deploy.bench.prompts import MIXED_TEST_PROMPTS, STYLES_TEST_PROMPTS, load_prompts
     from deploy.bench.service import free_port
     from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
 
     items = [p.messages for p in load_prompts(MIXED_TEST_PROMPTS) if p.messages]
+    pairs = [p.messages or [{"role": "user", "content": p.prompt}] for p in load_prompts(STYLES_TEST_PROMPTS)]
+    pairs, used = pairs * (1 + args.rounds * 4 * args.first // len(pairs)), 0  # the yield's prompts so far
     prompts = [items[i % len(items)] for i in range(args.requests)]
     expected = plain_answers(prompts, args.max_tokens)
     config = load_serve_config(DEFAULT_CONFIG)[0]
     service_args = config | {"target": dict(config.get("target") or {}) | {"replicas": 2},
-                             "request_ttl_s": args.request_ttl_s}
+                             "request_ttl_s": args.request_ttl_s, "request_metrics": True}
     url = start_local_service(service_args, port=free_port())
     report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "rounds": []}
     try:
@@ -244,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(1)
             outcome = kill_round(url, prompts, expected, args.clients, args.max_tokens, args.request_ttl_s)
             outcome["passed"] = round_passed(outcome)
-            outcome["yield"] = replacement_yield(url, before, prompts, args.max_tokens, args.first)
+            outcome["yield"] = replacement_yield(url, before, pairs[used:], args.max_tokens, args.first)
+            used += outcome["yield"]["sent"]
             report["rounds"].append(outcome)
             print(json.dumps(outcome), flush=True)
     finally:

@@ -7,7 +7,8 @@ one pass; deploy/engine/draft_tree.py): each new position attends to the prefix,
 itself, at the position id of its depth; `keep` then moves the accepted branch's K/V into place.
 `forward_batch(kv, rows)` is the engine's forward: many requests' new positions (chains or trees)
 in one pass on a slot KV store (deploy/engine/slot_kv.py), each row's logits returned apart;
-`batch_profile` times it by its packed positions (goodput control, deploy/engine/goodput.py).
+`batch_profile` times it by its packed positions (goodput control, deploy/engine/goodput.py);
+`cost_profile` / `adopt_cost_profile` hand what was timed to a replica on like hardware.
 Input problems raise InvalidRequestError naming the field.
 """
 from __future__ import annotations
@@ -244,6 +245,23 @@ class TargetModel:
                         kv.crop(c, context)
             self._batch_profiles[key] = [min(times[size]) for size in sizes]
         return self._batch_profiles[key]
+
+    def cost_profile(self) -> dict:
+        """What `forward_profile` and `batch_profile` measured so far, as JSON-ready lists (for
+        replicas on like hardware: deploy/engine/shared_profile.py)."""
+        return {"forward": list(self._profile),
+                "batch": [{"sizes": list(sizes), "rows": rows, "context": context, "seconds": list(seconds)}
+                          for (sizes, rows, context), seconds in self._batch_profiles.items()]}
+
+    def adopt_cost_profile(self, profile: dict) -> None:
+        """Take another replica's `cost_profile` as if measured here (what is already measured stays)."""
+        forward = [float(s) for s in profile.get("forward", [])]
+        if len(forward) > len(self._profile):
+            self._profile = self._profile + forward[len(self._profile):]
+        for entry in profile.get("batch", []):
+            key = (tuple(int(n) for n in entry["sizes"]), int(entry["rows"]), int(entry["context"]))
+            if len(entry["seconds"]) == len(key[0]):
+                self._batch_profiles.setdefault(key, [float(s) for s in entry["seconds"]])
 
     def plain_step_s(self) -> float:
         """Seconds of one plain decoding step (a one-position forward)."""

@@ -48,6 +48,7 @@ from actors.sampling import SamplingParams
 from deploy.config import DrafterConfig, ServiceConfig
 from deploy.engine.engine import SpeculativeEngine
 from deploy.engine.scheduler import BatchScheduler
+from deploy.engine.shared_profile import adopt_shared_profile, publish_profile
 from deploy.engine.target import TargetModel
 from deploy.service.asgi_bridge import call_asgi
 from deploy.service.auth import ApiKeys, refusal
@@ -107,6 +108,7 @@ class SpecfleetServer:
 
             proxy = connect_coordinator()
             replica = actor_name().rpartition("#")[2] or replica  # Serve's replica id
+        self.replica = replica
         # the scheduler's thread loads the target and runs every forward (deploy/engine/scheduler.py)
         self.scheduler = BatchScheduler(lambda: self._engine(proxy if coordinator == "actor" else None),
                                         max_batch=self.config.max_ongoing_requests)
@@ -114,7 +116,8 @@ class SpecfleetServer:
         if coordinator == "actor":
             from cluster.placement import actor_name, here
 
-            proxy.register_replica(actor_name(), here() | {"device": str(self.target.device)})  # for `specfleet status`
+            proxy.register_replica(actor_name(), here() | {"device": str(self.target.device),  # for `specfleet status`
+                                                           "forward_costs": self.forward_costs})
         self.metrics = ServiceMetrics(self.model_name, replica)
         self._metrics_lock = threading.Lock()
         self._coordinator = proxy if coordinator == "actor" else None
@@ -126,14 +129,27 @@ class SpecfleetServer:
         """The target and its engine, drafting through `coordinator` (None: an in-process pool).
         Torch gets every core this process may run on: Ray starts an actor that reserves no CPU
         with OMP_NUM_THREADS=1, which on a CPU server left the target one core of two (plain
-        decoding through the service at 0.69x in-process)."""
+        decoding through the service at 0.69x in-process). With the Ray coordinator, the forward
+        costs come from a peer on like hardware when one measured them (deploy/engine/shared_profile.py)."""
         torch.set_num_threads(len(os.sched_getaffinity(0)))
+        start = time.perf_counter()
         target = TargetModel(load_causal_lm(self.config.target.model, dtype=self.config.target.dtype))
-        if coordinator is None:
+        loaded = time.perf_counter()
+        remote, shared = coordinator is not None, False
+        if not remote:
             pool = {d.name: build_drafters([d.kind], None, target.vocab_size, self.config.target.model,
                                             d.model if d.kind == "eagle" else None)[d.kind] for d in self.config.drafters}
             coordinator = Coordinator(pool, self.config.policy, verify=self.config.verify)
-        return SpeculativeEngine(target, coordinator=coordinator, k=self.config.k, max_padding=self.config.max_padding)
+        else:  # a peer on like hardware may have measured the forward costs already
+            shared = adopt_shared_profile(target, coordinator.cost_profile, self.replica)
+        engine = SpeculativeEngine(target, coordinator=coordinator, k=self.config.k, max_padding=self.config.max_padding)
+        engine.enable_batching()
+        if remote and not shared:
+            publish_profile(target, coordinator.put_cost_profile)
+        self.forward_costs = "adopted" if shared else "measured"
+        logger.info("target loaded in %.1f s; forward costs %s in %.1f s", loaded - start, self.forward_costs,
+                    time.perf_counter() - loaded)
+        return engine
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,

@@ -7,7 +7,7 @@ STATUS = {
     "nodes": [{"node": "aaaaaaaa1111", "node_ip": "10.0.0.1", "alive": True, "gpus": 2.0},
               {"node": "bbbbbbbb2222", "node_ip": "10.0.0.2", "alive": False, "gpus": 1.0}],
     "replicas": [{"replica": "SERVE_REPLICA::specfleet#SpecfleetServer#x1", "node": "aaaaaaaa1111",
-                  "node_ip": "10.0.0.1", "gpu": ["0"], "device": "cuda:0"}],
+                  "node_ip": "10.0.0.1", "gpu": ["0"], "device": "cuda:0", "forward_costs": "adopted"}],
     "drafters": [
         {"name": "ngram", "kind": "ngram", "model": None, "runs_in": "coordinator", "node": "aaaaaaaa1111",
          "node_ip": "10.0.0.1", "gpu": [], "device": "cpu", "status": "up", "pulls": 12, "acceptance": 0.5},
@@ -21,7 +21,7 @@ def test_status_lists_nodes_replicas_and_drafters_with_their_gpus():
     text = render_status(STATUS)
     assert "nodes (1 alive):" in text and "target replicas (1):" in text and "drafters (1/2 up):" in text
     replica_line = next(line for line in text.splitlines() if "SERVE_REPLICA" in line)
-    assert replica_line.split()[1:] == ["aaaaaaaa", "10.0.0.1", "0", "cuda:0"]
+    assert replica_line.split()[1:] == ["aaaaaaaa", "10.0.0.1", "0", "cuda:0", "adopted"]
     ngram_line = next(line for line in text.splitlines() if line.split()[:1] == ["ngram"])
     assert ngram_line.split() == ["ngram", "ngram", "-", "coordinator", "aaaaaaaa", "10.0.0.1", "-", "cpu", "up", "12", "0.50"]
 

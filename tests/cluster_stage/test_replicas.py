@@ -1,8 +1,9 @@
 """Two target replicas serve as one: both answer exactly like plain decoding, every scrape of
-/metrics holds both replicas' series, and what they learn about draft lengths is pooled in the
-coordinator (and its checkpoint). Killing a replica while 16 clients stream ends exactly the
+/metrics holds both replicas' series, one measures the forward costs and the other adopts them,
+and what they learn about draft lengths is pooled in the coordinator (and its checkpoint). Killing a replica while 16 clients stream ends exactly the
 requests on it, each with an SSE error event and [DONE] within 10 s, never a hang; every other
-answer is exact, the service answers new requests, Serve's replacement answers (in bounded time), the
+answer is exact, the service answers new requests, Serve's replacement (adopting the forward
+costs) answers in bounded time, the
 coordinator and its statistics live on, and the dead replica's drafter sessions are released.
 A local Ray of this test's own (it runs in this stage: it stops its pool at the end, which the
 main suite's shared service must keep)."""
@@ -75,6 +76,17 @@ def test_both_replicas_answer_exactly_and_every_scrape_shows_both(two_replicas, 
         assert len(per_replica(two_replicas)) == 2
 
 
+def forward_costs() -> dict[str, str]:
+    """replica -> "measured" or "adopted" (its forward-cost profile, from a peer on like hardware)."""
+    from cluster.pool import pool_status
+
+    return {r["replica"]: r.get("forward_costs") for r in pool_status()["replicas"]}
+
+
+def test_one_replica_measures_the_forward_costs_and_the_other_adopts_them(two_replicas):
+    assert sorted(forward_costs().values()) == ["adopted", "measured"]
+
+
 def test_the_replicas_pool_their_draft_length_statistics_in_the_coordinator(two_replicas):
     deadline = time.monotonic() + 30  # a replica shares at most every 5 s, after an iteration
     while not pooled_lengths() and time.monotonic() < deadline:
@@ -89,6 +101,7 @@ def test_killing_a_replica_under_load_ends_only_its_requests_cleanly_and_the_ser
     from deploy.bench.replica_kill import kill_round
 
     prompts = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(32)]
+    before = set(forward_costs())
     report = kill_round(two_replicas, prompts, [plain[i % len(plain)] for i in range(32)], clients=16,
                         max_tokens=MAX_TOKENS, request_ttl_s=ARGS["request_ttl_s"])
     assert report["victim"] is not None and report["failed"] > 0, report  # the kill came while requests ran on it
@@ -100,6 +113,7 @@ def test_killing_a_replica_under_load_ends_only_its_requests_cleanly_and_the_ser
     # deploy/bench/replica_kill.py); here: it comes at all, in bounded time
     assert report["replacement_serving_s"] is not None and report["replacement_serving_s"] <= 150, report
     assert report["coordinator_kept"] and report["sessions_released_s"] is not None, report
+    assert [costs for replica, costs in forward_costs().items() if replica not in before] == ["adopted"]
 
 
 def test_with_autoscaling_serve_adds_a_replica_under_load_and_removes_it_after(two_replicas, plain):
