@@ -47,11 +47,13 @@ test: install cluster-deps
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 tests/cluster_stage
 
 # not in `make test`: SOAK_MINUTES (default 30) of mixed traffic on the Ray service while drafters are
-# added, killed and removed; requests, errors by kind, p50/p99 and memory at warm-up and end (exit 1
-# on anything unexpected; docs/cluster.md#soak)
+# added, killed and removed (SOAK_REPLICAS=2: two target replicas, one killed every 5 minutes);
+# requests, errors by kind, p50/p99 and memory at warm-up and end (exit 1 on anything unexpected;
+# docs/cluster.md#soak)
 SOAK_MINUTES := 30
+SOAK_REPLICAS := 1
 soak: install
-	$(PY) -m deploy.bench.soak --minutes $(SOAK_MINUTES) --out bench-out/soak.json
+	$(PY) -m deploy.bench.soak --minutes $(SOAK_MINUTES) --replicas $(SOAK_REPLICAS) --out bench-out/soak.json
 
 # what the loopback `ray up` test needs from Debian: sshd, rsync, nc (for ssh's ProxyCommand)
 cluster-deps:

@@ -8,8 +8,14 @@ greedy chat checked token for token against plain decoding, sampled chat, stream
 streams the client drops after two events (the service must cancel them), and bad requests
 (a bad field, invalid JSON, an oversized body, no key, an unknown model) that must get their 4xx.
 Every CHAOS_PERIOD_S the pool changes: a drafter `soak-N` is added (admin API), killed (Ray
-restarts it) and removed. Every SAMPLE_PERIOD_S it records the resident memory of the service's
-processes: the target replica, the front, the coordinator and each standing drafter actor.
+restarts it) and removed. With `--replicas N` (N >= 2) the target has N replicas and every
+`--replica-kill-period-s` (REPLICA_KILL_PERIOD_S) the one started last is killed (Serve replaces
+it; the first lives throughout): a request that was on it and ends within CLEAN_END_S of the kill
+with the front's "target replica is unavailable" (503, or an SSE error event then [DONE]) is
+counted as lost with its replica, expected; any other failure is unexpected. Every
+SAMPLE_PERIOD_S it records the resident memory of the service's processes: each target replica
+(by pid: a replacement is a series of its own, warmed up from its start), the front, the
+coordinator and each standing drafter actor.
 
 The report (JSON, and a summary on stdout): requests by kind and outcome, the unexpected ones by
 reason (5xx, wrong status, timeout, connection error, inexact answer), p50/p99 latency per kind,
@@ -38,6 +44,7 @@ from pathlib import Path
 import requests
 
 from actors.suffix import MAX_TRIE_BYTES
+from deploy.service.front import REPLICA_UNAVAILABLE
 
 KINDS = {"greedy": 30, "sampled": 15, "stream": 25, "cancel": 15, "bad": 15}  # weights
 MAX_TOKENS = 32
@@ -51,6 +58,9 @@ MEMORY_BOUND_MIB = 64
 TRIES_HELD = {"coordinator": 2, "drafter suffix": 1, "drafter hierarchy": 1}
 TRIE_MIB = MAX_TRIE_BYTES / 2**20
 TIMEOUT_S = 300
+REPLICA_KILL_PERIOD_S = 300  # with several target replicas: one killed this often
+CLEAN_END_S = 10  # a request on a killed replica ends (cleanly) this soon after the kill
+REPLICA_LOST = "lost with its replica"  # the front's 503 / SSE error for a replica that died mid-request
 GREEDY_PROMPTS = [
     "Write a Python function that returns the squares of a list of numbers.",
     "Summarize: The council met on Tuesday to discuss the new park. Residents raised concerns about parking.",
@@ -90,6 +100,8 @@ class Soak:
         self.examples: list[str] = []  # the first few unexpected answers, for the report
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.events: list[str] = []
+        self.kills: list[float] = []  # when a target replica was killed (monotonic seconds)
+        self.replica_kills: list[str] = []
 
     # ---- one request of each kind -----------------------------------------------------------
     def _headers(self) -> dict:
@@ -120,7 +132,10 @@ class Soak:
                                stream=True) as answer:
                 expect(answer, 200)
                 events = [line for line in answer.iter_lines() if line]
-            if events[-1] != b"data: [DONE]" or any(b'"error"' in e for e in events):
+            errors = [e.decode(errors="replace") for e in events if b'"error"' in e]
+            if events[-1] == b"data: [DONE]" and errors and REPLICA_UNAVAILABLE in errors[0]:
+                raise Unexpected(REPLICA_LOST, errors[0][:200])
+            if events[-1] != b"data: [DONE]" or errors:
                 raise Unexpected("stream ended badly", events[-1][:200].decode(errors="replace"))
             return "ok"
         if kind == "cancel":
@@ -148,7 +163,11 @@ class Soak:
             try:
                 outcome = self.request(kind, rng)
             except Unexpected as err:
-                self._unexpected(kind, err.reason, err.detail)
+                if err.reason == REPLICA_LOST and self.killed_during(start, time.monotonic()):
+                    with self.lock:
+                        self.outcomes[(kind, "lost with its killed replica")] += 1
+                else:
+                    self._unexpected(kind, err.reason, err.detail)
                 continue
             except requests.Timeout as err:
                 self._unexpected(kind, "timeout", repr(err))
@@ -194,6 +213,37 @@ class Soak:
             cycle += 1
 
 
+    def killed_during(self, sent: float, ended: float) -> bool:
+        """Whether a replica was killed while this request ran, at most CLEAN_END_S before it ended
+        (a request on the killed replica must end that soon after, cleanly)."""
+        with self.lock:
+            return any(sent <= kill <= ended <= kill + CLEAN_END_S for kill in self.kills)
+
+    def kill_replicas(self, deadline: float, period_s: float) -> None:
+        """Every period_s, the target replica started last is killed (Serve starts a replacement);
+        the first replica (the keeper) lives throughout, so its memory covers every kill."""
+        import ray
+
+        from cluster.pool import REPLICA_PREFIX
+
+        keeper = None
+        while time.monotonic() + period_s <= deadline:
+            time.sleep(period_s)
+            replicas = sorted((a for a in ray.util.list_named_actors(all_namespaces=True)
+                               if a["name"].startswith(REPLICA_PREFIX)), key=lambda a: a["name"])
+            keeper = keeper or (replicas[0]["name"] if replicas else None)
+            victims = [a for a in replicas if a["name"] != keeper]
+            if not victims:
+                self.replica_kills.append("no second replica running: the last kill's replacement did not start "
+                                          "within the period")
+                continue
+            victim = victims[-1]
+            with self.lock:
+                self.kills.append(time.monotonic())
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
+            self.replica_kills.append(f"killed {victim['name'].rpartition('#')[2]}")
+
+
 class Unexpected(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
@@ -201,14 +251,17 @@ class Unexpected(Exception):
 
 
 def expect(answer: requests.Response, status: int, what: str = "") -> None:
+    if answer.status_code == 503 and REPLICA_UNAVAILABLE in answer.text:
+        raise Unexpected(REPLICA_LOST, f"{what} 503: {answer.text[:200]}")
     if answer.status_code != status:
         reason = "5xx" if answer.status_code >= 500 else "wrong status"
         raise Unexpected(reason, f"{what} {answer.status_code} (expected {status}): {answer.text[:200]}")
 
 
 def service_processes() -> dict[str, int]:
-    """{process name: pid} for the service's processes on this machine: the target replica and the
-    front (Serve replicas, by their process title), the coordinator, and each standing drafter."""
+    """{process name: pid} for the service's processes on this machine: each target replica (by its
+    pid) and the front (Serve replicas, by their process title), the coordinator, and each standing
+    drafter."""
     import psutil
     import ray
 
@@ -219,8 +272,8 @@ def service_processes() -> dict[str, int]:
     for process in psutil.process_iter(["cmdline"]):
         line = " ".join(process.info["cmdline"] or [])
         for title, name in titles.items():
-            if line.startswith("ray::") and title in line:
-                found[name] = process.pid
+            if line.startswith("ray::") and title in line:  # replicas come and go: each its own series
+                found[f"{name} pid {process.pid}" if title == "SpecfleetServer" else name] = process.pid
     for name, handle in named_drafters().items():
         if not name.startswith("soak-"):  # the standing pool, not the drafters the chaos adds
             found[f"drafter {name}"] = ray.get(handle.placement.remote())["pid"]
@@ -254,7 +307,8 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
-def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_PERIOD_S) -> dict:
+def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_PERIOD_S, replicas: int = 1,
+        replica_kill_period_s: float = REPLICA_KILL_PERIOD_S) -> dict:
     import ray
 
     from actors.models import load_causal_lm
@@ -269,6 +323,7 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
     from deploy.service.app import DEFAULT_CONFIG, load_serve_config, start_local_service, stop_local_service
 
     args = load_serve_config(DEFAULT_CONFIG)[0]
+    args |= {"target": dict(args.get("target") or {}) | {"replicas": replicas}}
     config = ServiceConfig.model_validate(args)
     target = TargetModel(load_causal_lm(config.target.model, dtype=config.target.dtype))
     plain = SpeculativeEngine(target, build_drafters([NO_DRAFT]), policy=f"fixed:{NO_DRAFT}")
@@ -284,19 +339,22 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
         start = time.monotonic()
         deadline = start + 60 * minutes
         workers = [threading.Thread(target=soak.client, args=(i, deadline)) for i in range(clients)]
-        saboteur = threading.Thread(target=soak.chaos, args=(deadline, chaos_period_s))
-        for thread in [*workers, saboteur]:
+        saboteurs = [threading.Thread(target=soak.chaos, args=(deadline, chaos_period_s))]
+        if replicas > 1:
+            saboteurs.append(threading.Thread(target=soak.kill_replicas, args=(deadline, replica_kill_period_s)))
+        for thread in [*workers, *saboteurs]:
             thread.start()
         pids = service_processes()
         series: dict[str, list[tuple[float, float]]] = defaultdict(list)
         while time.monotonic() < deadline:
             now = time.monotonic() - start
+            pids |= service_processes()  # a replacement replica joins; a dead one's series ends
             for name, mib in memory_mib(pids).items():
                 series[name].append((now, mib))
             print(f"soak: {now / 60:5.1f} min, {sum(soak.outcomes.values())} requests, "
                   f"{sum(soak.unexpected.values())} unexpected", flush=True)
             time.sleep(min(SAMPLE_PERIOD_S, max(0.0, deadline - time.monotonic())))
-        for thread in [*workers, saboteur]:
+        for thread in [*workers, *saboteurs]:
             thread.join()
         end = time.monotonic() - start
         for name, mib in memory_mib(pids).items():
@@ -307,8 +365,9 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
         sessions = {name: ray.get(handle.open_sessions.remote()) for name, handle in named_drafters().items()}
         sessions |= {name: d["open_sessions"] for name, d in ray.get(coordinator.handle.hosted_drafters.remote()).items()}
         memory = {}
-        for name, samples in series.items():
-            warm = [s for s in samples if s[0] >= min(WARMUP_S, samples[-1][0] / 2)]
+        for name, samples in series.items():  # warm-up from the process's first sample (a replacement's start)
+            first, last = samples[0][0], samples[-1][0]
+            warm = [s for s in samples if s[0] >= first + min(WARMUP_S, (last - first) / 2)]
             memory[name] = {"at_warmup_mib": round(warm[0][1], 1), "at_end_mib": round(warm[-1][1], 1),
                             "growth_mib": round(warm[-1][1] - warm[0][1], 1),
                             "slope_mib_per_hour": round(slope_per_hour(warm), 1)}
@@ -316,10 +375,11 @@ def run(minutes: float, clients: int, seed: int, chaos_period_s: float = CHAOS_P
                      for kind, v in sorted(soak.latency.items()) if v}
         return {
             "minutes": minutes, "clients": clients, "seed": seed, "kinds": KINDS, "max_tokens": MAX_TOKENS,
+            "replicas": replicas, "replica_kill_period_s": replica_kill_period_s if replicas > 1 else None,
             "requests": sum(soak.outcomes.values()),
             "outcomes": {f"{kind}: {outcome}": n for (kind, outcome), n in sorted(soak.outcomes.items())},
             "unexpected": dict(soak.unexpected), "unexpected_examples": soak.examples,
-            "latency": latencies, "chaos": soak.events, "memory": memory,
+            "latency": latencies, "chaos": soak.events, "replica_kills": soak.replica_kills, "memory": memory,
             "memory_bound_mib": MEMORY_BOUND_MIB,
             "left_open": {"coordinator_requests": stats["active_requests"], "down_arms": stats["down"],
                           "drafter_sessions": sessions},
@@ -335,6 +395,7 @@ def verdict(report: dict) -> list[str]:
         failed.append(f"{report['left_open']['coordinator_requests']} coordinator requests left open")
     failed += [f"chaos: {event}" for event in report["chaos"]
                if ":" in event and event.rsplit(": ", 1)[1] not in ("200", "201")]
+    failed += [f"replica kills: {event}" for event in report.get("replica_kills", []) if not event.startswith("killed")]
     if any(report["left_open"]["drafter_sessions"].values()):
         failed.append(f"drafter sessions left open: {report['left_open']['drafter_sessions']}")
     failed += [f"{name} grew {m['growth_mib']} MiB after warm-up" for name, m in report["memory"].items()
@@ -349,9 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chaos-period-s", type=float, default=CHAOS_PERIOD_S,
                         help="add, kill and remove a drafter once per period (default %(default)s s)")
+    parser.add_argument("--replicas", type=int, default=1, help="target replicas (default %(default)s)")
+    parser.add_argument("--replica-kill-period-s", type=float, default=REPLICA_KILL_PERIOD_S,
+                        help="with several replicas, kill one this often (default %(default)s s)")
     parser.add_argument("--out", default="bench-out/soak.json")
     options = parser.parse_args(argv)
-    report = run(options.minutes, options.clients, options.seed, options.chaos_period_s)
+    if options.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    report = run(options.minutes, options.clients, options.seed, options.chaos_period_s, options.replicas,
+                 options.replica_kill_period_s)
     report["failed"] = verdict(report)
     out = Path(options.out)
     out.parent.mkdir(parents=True, exist_ok=True)

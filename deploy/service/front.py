@@ -41,6 +41,7 @@ front_app = FastAPI(title="specfleet", docs_url=None, redoc_url=None, openapi_ur
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
 logger = logging.getLogger("specfleet")
 RETRY_AFTER_S = 1  # what an overloaded front tells a refused client to wait
+REPLICA_UNAVAILABLE = "the target replica is unavailable (it failed or is restarting); retry the request"
 
 
 def _overloaded(err: BaseException) -> bool:
@@ -60,8 +61,7 @@ def _failure(err: BaseException) -> tuple[int, dict, dict[str, str]]:
     logger.warning("the target replica did not answer a request: %r", err, exc_info=err)
     if isinstance(err, RayTaskError):  # the replica's own code raised
         return 500, error_body("the target replica failed to handle the request", None, 500, "internal_error"), {}
-    return 503, error_body("the target replica is unavailable (it failed or is restarting); retry the request",
-                           None, 503, "service_unavailable_error"), {}
+    return 503, error_body(REPLICA_UNAVAILABLE, None, 503, "service_unavailable_error"), {}
 
 
 class BodyTooLargeError(Exception):
