@@ -59,10 +59,13 @@ class _Job:
 
 class BatchScheduler:
     def __init__(self, engine: SpeculativeEngine | Callable[[], SpeculativeEngine], max_batch: int = MAX_BATCH,
-                 prefill_tokens: int = PREFILL_TOKENS) -> None:
+                 prefill_tokens: int = PREFILL_TOKENS, between_iterations: Callable[[], object] | None = None) -> None:
         """engine: the engine, or a function that builds it, called in the scheduler's thread (so
-        that loading the target is that thread's torch work too: see the module's docstring)."""
+        that loading the target is that thread's torch work too: see the module's docstring).
+        between_iterations: called in that thread after each iteration (a server re-sizes torch's
+        threads there)."""
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
+        self.between_iterations = between_iterations
         self._waiting: deque[_Job] = deque()
         self._wake = threading.Condition()
         built: Future = Future()
@@ -107,6 +110,8 @@ class BatchScheduler:
             try:
                 jobs = self._iteration(jobs)
                 self.engine.share_learning()
+                if self.between_iterations is not None:
+                    self.between_iterations()
             except Exception as err:  # noqa: BLE001 - every caller in the batch gets it; serving goes on
                 logger.error("a batch iteration failed", exc_info=err)
                 for job in jobs:

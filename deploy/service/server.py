@@ -34,7 +34,6 @@ import socket
 import threading
 import time
 
-import torch
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -52,6 +51,7 @@ from deploy.engine.shared_profile import adopt_shared_profile, publish_profile
 from deploy.engine.target import TargetModel
 from deploy.service.asgi_bridge import call_asgi
 from deploy.service.auth import ApiKeys, refusal
+from deploy.service.cpu_threads import CpuThreads
 from deploy.service.generation import Finished, TrackedEngine, generate, request_field, sampling_for, stream
 from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
@@ -76,6 +76,7 @@ from policy.coordinator import Coordinator
 
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
 logger = logging.getLogger("specfleet")
+replica_log = logging.getLogger("ray.serve")  # under Serve: the replica's own log file, with its id
 REPLICA_HEADER = "specfleet-replica"  # which target replica answered (through the front)
 
 
@@ -110,8 +111,10 @@ class SpecfleetServer:
             replica = actor_name().rpartition("#")[2] or replica  # Serve's replica id
         self.replica = replica
         # the scheduler's thread loads the target and runs every forward (deploy/engine/scheduler.py)
+        self.cpu_threads = CpuThreads()  # re-sized between iterations as replicas here come and go
         self.scheduler = BatchScheduler(lambda: self._engine(proxy if coordinator == "actor" else None),
-                                        max_batch=self.config.max_ongoing_requests)
+                                        max_batch=self.config.max_ongoing_requests,
+                                        between_iterations=lambda: self.cpu_threads.refresh())
         self.engine, self.target = self.scheduler.engine, self.scheduler.target
         if coordinator == "actor":
             from cluster.placement import actor_name, here
@@ -127,13 +130,17 @@ class SpecfleetServer:
 
     def _engine(self, coordinator) -> SpeculativeEngine:
         """The target and its engine, drafting through `coordinator` (None: an in-process pool).
-        Torch gets every core this process may run on: Ray starts an actor that reserves no CPU
-        with OMP_NUM_THREADS=1, which on a CPU server left the target one core of two (plain
-        decoding through the service at 0.69x in-process). With the Ray coordinator, the forward
+        Torch gets every core this process may run on, shared with the other target replicas on
+        this machine when the target runs on CPU (deploy/service/cpu_threads.py): Ray starts an
+        actor that reserves no CPU with OMP_NUM_THREADS=1, which on a CPU server left the target
+        one core of two (plain decoding through the service at 0.69x in-process). With the Ray coordinator, the forward
         costs come from a peer on like hardware when one measured them (deploy/engine/shared_profile.py)."""
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        self.cpu_threads.refresh()
         start = time.perf_counter()
         target = TargetModel(load_causal_lm(self.config.target.model, dtype=self.config.target.dtype))
+        if target.device.type != "cpu":  # the forwards run on the GPU: torch's CPU threads take every core
+            self.cpu_threads = CpuThreads(count_replicas=lambda: 1)
+            self.cpu_threads.refresh()
         loaded = time.perf_counter()
         remote, shared = coordinator is not None, False
         if not remote:
@@ -147,8 +154,8 @@ class SpecfleetServer:
         if remote and not shared:
             publish_profile(target, coordinator.put_cost_profile)
         self.forward_costs = "adopted" if shared else "measured"
-        logger.info("target loaded in %.1f s; forward costs %s in %.1f s", loaded - start, self.forward_costs,
-                    time.perf_counter() - loaded)
+        replica_log.info("target loaded in %.1f s with %d torch threads; forward costs %s in %.1f s",
+                         loaded - start, self.cpu_threads.threads, self.forward_costs, time.perf_counter() - loaded)
         return engine
 
     def models(self) -> dict:
