@@ -333,8 +333,17 @@ class CoordinatorActor:
         return dict(self.replicas)
 
     async def put_metrics(self, replica: str, families: list) -> None:
-        """A target replica's metric families (deploy/service/metrics.py), published every METRICS_S."""
+        """A target replica's metric families (deploy/service/metrics.py), published every METRICS_S;
+        the families of replicas silent for METRICS_STALE_S go (a service nobody scrapes whose
+        replicas die and are replaced keeps only the live ones')."""
         self.replica_families[replica] = (time.monotonic(), families)
+        self._drop_silent_replicas()
+
+    def _drop_silent_replicas(self) -> None:
+        now = time.monotonic()
+        for replica, (when, _) in list(self.replica_families.items()):
+            if now - when > METRICS_STALE_S:
+                del self.replica_families[replica]
 
     async def cost_profile(self, key: str, claimant: str) -> dict:
         """The forward-cost profile published for `key`, or whether `claimant` is to measure it
@@ -347,10 +356,7 @@ class CoordinatorActor:
     async def replica_metrics(self, exclude: str = "") -> list[list]:
         """Every other replica's last published metric families; a replica silent for
         METRICS_STALE_S (it died, or was scaled away) is dropped."""
-        now = time.monotonic()
-        for replica, (when, _) in list(self.replica_families.items()):
-            if now - when > METRICS_STALE_S:
-                del self.replica_families[replica]
+        self._drop_silent_replicas()
         return [families for replica, (_, families) in self.replica_families.items() if replica != exclude]
 
 

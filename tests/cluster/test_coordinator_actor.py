@@ -1,6 +1,7 @@
 """The coordinator actor's body runs without Ray for what does not need it: a drafter marked down
 can still be taken out of the pool; a batch iteration's rounds ask each drafter once; lookup
-drafters given as specs draft inside it and are added and removed there."""
+drafters given as specs draft inside it and are added and removed there; a dead replica's
+published metrics go once it has been silent long enough."""
 import asyncio
 from types import SimpleNamespace
 
@@ -125,3 +126,18 @@ def test_lookup_drafters_draft_inside_the_actor_and_are_added_and_removed_there(
     assert open_during == 1 and hosted_after == {"ngram": {"kind": "ngram", "model": None, "open_sessions": 0}}
     assert handles == {"ngram": None, "model": model, "suffix": None}  # None: hosted by the coordinator
     assert removed is None and handles_after == {"ngram": None, "model": model}
+
+
+def test_a_dead_replicas_metrics_go_when_the_live_ones_publish_even_if_nobody_scrapes(monkeypatch):
+    monkeypatch.setattr(coordinator_module, "named_drafters", dict)
+    clock = [1000.0]
+    monkeypatch.setattr(coordinator_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    async def replicas_publishing():
+        actor = CoordinatorActor({"a": RecordingProposer("a")}, policy="metasd-ucb")
+        await actor.put_metrics("dead", ["families of dead"])
+        clock[0] += coordinator_module.METRICS_STALE_S + 1  # it was killed: silent since
+        await actor.put_metrics("live", ["families of live"])
+        return sorted(actor.replica_families)
+
+    assert asyncio.run(replicas_publishing()) == ["live"]

@@ -109,8 +109,8 @@ def test_killing_a_replica_under_load_ends_only_its_requests_cleanly_and_the_ser
     assert report["failed_on_another_replica"] == 0 and report["failed_unclean"] == 0, report
     assert report["slowest_failure_s"] <= 10, report
     assert report["recovered_s"] is not None and report["recovered_s"] <= 60, report
-    # on 2 busy cores a replacement takes 50-70 s to load and profile (the 60 s floor is measured by
-    # deploy/bench/replica_kill.py); here: it comes at all, in bounded time
+    # the 60 s floor is measured by deploy/bench/replica_kill.py (17-23 s); here: it comes at all,
+    # within a bound for a busy CI machine
     assert report["replacement_serving_s"] is not None and report["replacement_serving_s"] <= 150, report
     assert report["coordinator_kept"] and report["sessions_released_s"] is not None, report
     assert [costs for replica, costs in forward_costs().items() if replica not in before] == ["adopted"]
