@@ -133,8 +133,9 @@ class SpecfleetServer:
         Torch gets every core this process may run on, shared with the other target replicas on
         this machine when the target runs on CPU (deploy/service/cpu_threads.py): Ray starts an
         actor that reserves no CPU with OMP_NUM_THREADS=1, which on a CPU server left the target
-        one core of two (plain decoding through the service at 0.69x in-process). With the Ray coordinator, the forward
-        costs come from a peer on like hardware when one measured them (deploy/engine/shared_profile.py)."""
+        one core of two (plain decoding through the service at 0.69x in-process). With the Ray
+        coordinator, the forward costs come from a peer on like hardware when one measured them
+        (deploy/engine/shared_profile.py)."""
         self.cpu_threads.refresh()
         start = time.perf_counter()
         target = TargetModel(load_causal_lm(self.config.target.model, dtype=self.config.target.dtype))
