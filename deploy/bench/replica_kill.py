@@ -28,6 +28,9 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
+
+from deploy.service.openai_api import REPLICA_HEADER
 
 HUNG_S = 180.0  # a request not ended this long after it was sent counts as hung
 CLEAN_END_S = 10.0  # a request on the killed replica must end this soon after the kill
@@ -43,7 +46,7 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, record: dict, t
     record.update(text="", error=False, done=False, hung=False, replica=None, sent=time.monotonic())
     try:
         with requests.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=timeout_s) as reply:
-            record["replica"] = reply.headers.get("specfleet-replica")
+            record["replica"] = reply.headers.get(REPLICA_HEADER)
             for raw in reply.iter_lines():
                 line = raw.decode("utf-8")
                 if not line.startswith("data: "):
@@ -64,13 +67,27 @@ def stream_chat(url: str, messages: list[dict], max_tokens: int, record: dict, t
         record["ended"] = time.monotonic()
 
 
-def chat(url: str, messages: list[dict], max_tokens: int) -> str:
-    """One greedy chat completion (not streamed); raises on any failure."""
-    body = json.dumps({"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    request = urllib.request.Request(f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=HUNG_S) as reply:
-        return json.loads(reply.read())["choices"][0]["message"]["content"]
+class Answer(NamedTuple):
+    """One greedy chat completion's answer."""
+
+    replica: str | None  # the replica that answered (the `specfleet-replica` header)
+    text: str
+    tokens: int  # completion tokens
+    forwards: int | None  # target forwards it took (the response's per-request metrics; None without them)
+
+
+def answered(url: str, messages: list[dict], max_tokens: int) -> Answer:
+    """One greedy chat completion (not streamed); raises on any failure. The forwards need the
+    service's `request_metrics` on."""
+    import requests
+
+    body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    reply = requests.post(f"{url}/v1/chat/completions", json=body, timeout=HUNG_S)
+    reply.raise_for_status()
+    answer = reply.json()
+    return Answer(reply.headers.get(REPLICA_HEADER), answer["choices"][0]["message"]["content"],
+                  answer["usage"]["completion_tokens"],
+                  answer["metrics"]["timing"]["rounds"] if "metrics" in answer else None)
 
 
 def replica_actor(replica_id: str):
@@ -140,7 +157,7 @@ def kill_round(url: str, prompts: Sequence[list[dict]], expected: Sequence[str],
     replacement_s = None  # until a replica not serving before the kill has answered a request
     while time.monotonic() - killed_at < RECOVERY_S + 90:
         try:
-            if chat(url, prompts[0], max_tokens) == expected[0] and recovered_s is None:
+            if answered(url, prompts[0], max_tokens).text == expected[0] and recovered_s is None:
                 recovered_s = time.monotonic() - killed_at
         except Exception:  # noqa: BLE001 - not yet
             pass
@@ -178,19 +195,6 @@ def round_passed(report: dict) -> bool:
             and report["sessions_released_s"] is not None)
 
 
-def answered(url: str, messages: list[dict], max_tokens: int) -> tuple[str | None, int, int]:
-    """One greedy chat completion -> (the replica that answered, completion tokens, target forwards
-    it took: the response's per-request metrics, `request_metrics` on)."""
-    import requests
-
-    body = {"model": "smollm2-135m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    reply = requests.post(f"{url}/v1/chat/completions", json=body, timeout=HUNG_S)
-    reply.raise_for_status()
-    answer = reply.json()
-    return (reply.headers.get("specfleet-replica"), answer["usage"]["completion_tokens"],
-            answer["metrics"]["timing"]["rounds"])
-
-
 def replacement_yield(url: str, before: set[str], prompts: Sequence[list[dict]], max_tokens: int, first: int,
                       limit_s: float = 600.0) -> dict:
     """Each prompt sent twice at once (balancing, the router mostly gives the two to different
@@ -205,14 +209,14 @@ def replacement_yield(url: str, before: set[str], prompts: Sequence[list[dict]],
             messages = prompts[sent % len(prompts)]
             sent += 1
             answers = list(pool.map(lambda _: answered(url, messages, max_tokens), range(2)))
-            replicas = {replica for replica, _, _ in answers}
+            replicas = {answer.replica for answer in answers}
             if len(replicas) < 2 or not replicas - before:
                 continue
             pairs += 1
-            for replica, tokens, forwards in answers:
-                row = totals.setdefault(replica, [0, 0])
-                row[0] += tokens
-                row[1] += forwards
+            for answer in answers:
+                row = totals.setdefault(answer.replica, [0, 0])
+                row[0] += answer.tokens
+                row[1] += answer.forwards
     rates = {replica: round(tokens / forwards, 3) for replica, (tokens, forwards) in totals.items()}
     replacement = next((r for r in rates if r not in before), None)
     survivor = next((r for r in rates if r in before), None)
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for _ in range(args.rounds):
             while len(before := set(per_replica(url))) < 2:  # both replicas have served and published
-                chat(url, prompts[0], args.max_tokens)
+                answered(url, prompts[0], args.max_tokens)
                 time.sleep(1)
             outcome = kill_round(url, prompts, expected, args.clients, args.max_tokens, args.request_ttl_s)
             outcome["passed"] = round_passed(outcome)

@@ -44,6 +44,7 @@ from pathlib import Path
 import requests
 
 from actors.suffix import MAX_TRIE_BYTES
+from deploy.bench.replica_kill import replica_actor
 from deploy.service.front import REPLICA_UNAVAILABLE
 
 KINDS = {"greedy": 30, "sampled": 15, "stream": 25, "cancel": 15, "bad": 15}  # weights
@@ -229,19 +230,20 @@ class Soak:
         keeper = None
         while time.monotonic() + period_s <= deadline:
             time.sleep(period_s)
-            replicas = sorted((a for a in ray.util.list_named_actors(all_namespaces=True)
-                               if a["name"].startswith(REPLICA_PREFIX)), key=lambda a: a["name"])
-            keeper = keeper or (replicas[0]["name"] if replicas else None)
-            victims = [a for a in replicas if a["name"] != keeper]
+            replicas = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                              if a["name"].startswith(REPLICA_PREFIX))
+            keeper = keeper or (replicas[0] if replicas else None)
+            victims = [name for name in replicas if name != keeper]
             if not victims:
                 self.replica_kills.append("no second replica running: the last kill's replacement did not start "
                                           "within the period")
                 continue
-            victim = victims[-1]
+            victim = victims[-1].rpartition("#")[2]  # Serve's replica id
+            actor = replica_actor(victim)
             with self.lock:
                 self.kills.append(time.monotonic())
-            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
-            self.replica_kills.append(f"killed {victim['name'].rpartition('#')[2]}")
+            ray.kill(actor, no_restart=True)
+            self.replica_kills.append(f"killed {victim}")
 
 
 class Unexpected(Exception):

@@ -7,7 +7,8 @@ deploy/engine/chat_messages.py). No field a client sends is silently lost: a fie
 does not act on is refused (400 naming it) unless it has its neutral value (`NEUTRAL_VALUES`:
 penalties, `logit_bias`, `tools`, `response_format`, ...), and any other unknown field is
 accepted and named in the response header `IGNORED_FIELDS_HEADER` (`specfleet-ignored-fields`;
-`ignored_fields_header`: percent-encoded, the first 16).
+`ignored_fields_header`: percent-encoded, the first 16); a response through the front names the target
+replica that answered in `REPLICA_HEADER` (`specfleet-replica`, added by deploy/service/server.py).
 Responses add, when the config's `request_metrics` is on, `metrics.speculative_decoding` in vLLM's
 per-request shape plus `per_drafter` (summed over the response's choices), and `logprobs` in OpenAI's chat or completions shape.
 """
@@ -28,6 +29,7 @@ from deploy.engine.logprobs import TokenLogprob
 from deploy.engine.request import GenerationResult
 
 IGNORED_FIELDS_HEADER = "specfleet-ignored-fields"
+REPLICA_HEADER = "specfleet-replica"  # which target replica answered (through the front)
 MAX_NAMED_IGNORED = 16  # names in that header at most
 MAX_PROMPTS = 64  # prompts in one completions request (a list prompt: one choice each)
 # Fields OpenAI clients send that this server does not act on: accepted at these neutral values

@@ -57,6 +57,7 @@ from deploy.service.metrics import ServiceMetrics
 from deploy.service.openai_api import (
     IGNORED_FIELDS_HEADER,
     MAX_PROMPTS,
+    REPLICA_HEADER,
     ChatCompletionRequest,
     CompletionRequest,
     chunk_body,
@@ -77,7 +78,6 @@ from policy.coordinator import Coordinator
 app = FastAPI(title="specfleet", docs_url=None, redoc_url=None)
 logger = logging.getLogger("specfleet")
 replica_log = logging.getLogger("ray.serve")  # under Serve: the replica's own log file, with its id
-REPLICA_HEADER = "specfleet-replica"  # which target replica answered (through the front)
 
 
 def _error(message: str, param: str | None, status: int, error_type: str = "invalid_request_error",
@@ -139,9 +139,7 @@ class SpecfleetServer:
         self.cpu_threads.refresh()
         start = time.perf_counter()
         target = TargetModel(load_causal_lm(self.config.target.model, dtype=self.config.target.dtype))
-        if target.device.type != "cpu":  # the forwards run on the GPU: torch's CPU threads take every core
-            self.cpu_threads = CpuThreads(count_replicas=lambda: 1)
-            self.cpu_threads.refresh()
+        self.cpu_threads.runs_on(target.device)  # on a GPU: torch's CPU threads take every core
         loaded = time.perf_counter()
         remote, shared = coordinator is not None, False
         if not remote:
