@@ -71,8 +71,10 @@ bench: install
 	$(VENV)/bin/specfleet bench --prompts deploy/prompts/task_switch.jsonl --max-tokens 192 \
 		--runs '$(BENCH_RUNS),policy:sw-ucb' --trace-prompt switch-01 --out bench-out/task_switch.json
 
-# the task specialists (code, math, translation, chat, qa): the target's answers to deploy/prompts/train/*.jsonl,
-# a retrieval datastore and a distilled drafter per task, under $$SPECFLEET_CACHE/specialists (not git)
+# the task specialists (code, math, translation, chat, qa) rebuilt from their recipe: the target's answers to
+# deploy/prompts/train/*.jsonl (each retrieval drafter's corpus) and a distilled drafter per task, and the drafter
+# of another vocabulary, under $$SPECFLEET_CACHE/specialists (found before the copy the repository ships in
+# actors/data/specialists/; `specfleet specialists --out actors/data/specialists/smollm2-135m` rewrites that)
 specialists: install
 	$(VENV)/bin/specfleet specialists
 
@@ -90,7 +92,7 @@ eagle: install
 
 # the specialist pool on the mixed set (docs/benchmarks.md)
 SPECIALIST_RUNS := ar,single:*,policy:metasd-ucb,policy:metasd-ucb-cost,policy:metasd-ucb-cost-warm@counterfactual,policy:metasd-ucb-cost-warm@tree
-bench-specialists: specialists
+bench-specialists: install
 	$(VENV)/bin/specfleet bench --pool specialists --prompts $(PROMPTS) --max-tokens 128 \
 		--runs '$(SPECIALIST_RUNS)' --out bench-out/specialists.json
 

@@ -4,9 +4,15 @@
 own KV cache), but the output projection covers only `head_ids`, the tokens the task's corpus
 uses, so a drafted token costs a fraction of a full-vocabulary projection. `forward` returns
 logits over the full vocabulary (-inf outside the head), so it drops into `HFModelProposer`
-unchanged; `head_logits` gives the reduced logits for training. Saved as a transformers
-directory plus `head.safetensors` (weight [V', H], ids [V']) and `distill.json` (how it was built).
-A loaded drafter takes actors/cpu_linear.py's few-row products where they are faster, as the target does.
+unchanged; `head_logits` gives the reduced logits for training.
+
+Saved as what differs from the target it was distilled from (a few MB, small enough to ship):
+`distill.safetensors` holds, float16, each adapted projection's low-rank delta (`<module>.delta_a`
+[r, in], `<module>.delta_b` [out, r]: the weight is the target's plus delta_b @ delta_a), the
+trained norms (whole), the head (`head.weight` [V', H], `head.ids` [V']); `distill.json` says how
+it was built, its target and layer count among it. `load_distilled` takes the target's first
+layers and embeddings (actors/models.load_draft_model loads them), adds the deltas and norms,
+and takes actors/cpu_linear.py's few-row products where they are faster, as the target does.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import torch
 
 from actors import cpu_linear
 
-HEAD_FILE = "head.safetensors"
+WEIGHTS_FILE = "distill.safetensors"
 META_FILE = "distill.json"
 
 
@@ -55,25 +61,43 @@ class ReducedHeadLM(torch.nn.Module):
         full[..., self.head_ids] = reduced
         return _Output(full)
 
-    def save(self, out_dir: Path, meta: dict) -> None:
+    def save(self, out_dir: Path, meta: dict, deltas: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Save as the difference from the target: deltas maps a projection's module name to (delta_a, delta_b);
+        every trained norm is saved whole. meta must name the target (`target`)."""
         from safetensors.torch import save_file
 
+        tensors = {f"{name}.delta_a": a for name, (a, b) in deltas.items()} | {f"{name}.delta_b": b for name, (a, b) in deltas.items()}
+        tensors |= {name: p for name, p in self.base.named_parameters() if name.endswith("norm.weight")}
+        tensors |= {"head.weight": self.head.weight, "head.ids": self.head_ids.to(torch.int32)}
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.base.save_pretrained(out_dir)
-        save_file({"weight": self.head.weight.detach().contiguous(), "ids": self.head_ids.cpu()}, str(out_dir / HEAD_FILE))
-        (out_dir / META_FILE).write_text(json.dumps(meta, indent=1))
+        save_file({name: t.detach().to(torch.float16 if t.is_floating_point() else t.dtype).contiguous().cpu()
+                   for name, t in tensors.items()}, str(out_dir / WEIGHTS_FILE))
+        (out_dir / META_FILE).write_text(json.dumps(meta | {"num_layers": int(self.config.num_hidden_layers)}, indent=1))
 
 
 def is_distilled_dir(path: Path) -> bool:
-    return (path / HEAD_FILE).is_file() and (path / META_FILE).is_file()
+    return (path / WEIGHTS_FILE).is_file() and (path / META_FILE).is_file()
 
 
-def load_distilled(path: Path, device: torch.device | str = "cpu") -> ReducedHeadLM:
+def distilled_meta(path: Path) -> dict:
+    """How the drafter saved at `path` was built: its `target` and `num_layers` among it."""
+    return json.loads((path / META_FILE).read_text())
+
+
+def load_distilled(path: Path, base: torch.nn.Module, device: torch.device | str = "cpu") -> ReducedHeadLM:
+    """The drafter saved at `path`, from `base`: its target's causal LM cut to its first
+    distilled_meta(path)["num_layers"] layers (actors/models.load_draft_model loads it), changed in place."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    head = load_file(str(path / HEAD_FILE))
-    model = ReducedHeadLM(base, head["ids"], head["weight"]).to(device).eval()
+    tensors = {name: t.to(torch.float32) if t.is_floating_point() else t for name, t in load_file(str(path / WEIGHTS_FILE)).items()}
+    head_weight, head_ids = tensors.pop("head.weight"), tensors.pop("head.ids")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name.endswith(".delta_a"):
+                module = name.removesuffix(".delta_a")
+                base.get_submodule(module).weight += tensors[f"{module}.delta_b"] @ tensor
+            elif not name.endswith(".delta_b"):
+                base.get_parameter(name).copy_(tensor)
+    model = ReducedHeadLM(base, head_ids, head_weight).to(device).eval()
     cpu_linear.install(model)  # a drafted token is a one-row product: ~25% faster here
     return model

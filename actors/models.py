@@ -147,10 +147,13 @@ def load_draft_model(name_or_path: str, dtype: str = "float32", num_layers: int 
     """A model drafter (`--draft-model`): the causal LM with its tokenizer as `.tokenizer`, so a
     model of another family (another vocabulary) can draft across it (actors/cross_vocab.py). A
     distilled drafter's directory (actors/distilled.py, over the target's tokenizer) loads as one."""
-    from actors.distilled import is_distilled_dir, load_distilled
+    from actors.distilled import distilled_meta, is_distilled_dir, load_distilled
 
-    if is_distilled_dir(Path(name_or_path).expanduser()):
-        return load_distilled(Path(name_or_path).expanduser(), default_device())
+    path = Path(name_or_path).expanduser()
+    if is_distilled_dir(path):  # its target's first layers, changed by what the drafter learned
+        meta = distilled_meta(path)
+        return load_distilled(path, load_causal_lm(meta["target"], device="cpu", num_layers=int(meta["num_layers"])).model,
+                              default_device())
     loaded = load_causal_lm(name_or_path, dtype=dtype, num_layers=num_layers)
     loaded.model.tokenizer = loaded.tokenizer
     return loaded.model

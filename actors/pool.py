@@ -6,7 +6,8 @@ target's vocabulary drafts its tokens, one of another family, loaded with its ow
 drafts text across the vocabularies, actors/cross_vocab.py), `none`
 (the no-draft arm), `eagle` (an EAGLE-style head on the target's features, trained for the target by
 `specfleet train-eagle`; actors/eagle.py), `recycling` (Token Recycling: a draft tree from the target's
-own earlier predictions, over the prior `specfleet recycling-prior` builds; actors/recycling.py), and the task specialists built by `specfleet specialists` (actors/specialists.py),
+own earlier predictions, over the prior `specfleet recycling-prior` builds; actors/recycling.py), and the task specialists
+(shipped for the embedded default, or built by `specfleet specialists`; actors/specialists.py),
 which like `hierarchy` draft from the request's own context first (prompt lookup) and then from
 their task knowledge: `retrieval-<task>` (its datastore, when it matches a longer tail) and
 `distill-<task>` (its distilled model), and `othervocab` (the same build's LM of another
@@ -27,7 +28,7 @@ from actors.ngram import NgramProposer
 from actors.no_draft import NO_DRAFT, NoDraftProposer
 from actors.proposal import Proposer
 from actors.recycling import RECYCLING
-from actors.specialists import OTHER_VOCAB, built_specialists, is_specialist, specialist_path
+from actors.specialists import OTHER_VOCAB, available_specialists, is_specialist, specialist_path
 from actors.suffix import SuffixProposer
 
 DRAFTER_KINDS = ("ngram", "suffix", "hierarchy", "hf", "eagle", RECYCLING, NO_DRAFT)
@@ -62,16 +63,18 @@ def default_drafters(device: str | None = None) -> tuple[str, ...]:
     return GPU_DEFAULT_DRAFTERS if str(device).startswith("cuda") else DEFAULT_DRAFTERS
 
 
-def pool_drafters(pool: str) -> tuple[str, ...]:
-    """`default`: the generic drafters (default_drafters); `specialists`: those plus every specialist built here."""
+def pool_drafters(pool: str, target: str = DEFAULT_MODEL) -> tuple[str, ...]:
+    """`default`: the generic drafters (default_drafters); `specialists`: those plus every specialist
+    built here or shipped for `target` (actors/specialists.py)."""
     if pool not in POOLS:
         raise InvalidRequestError("pool", f"must be one of {list(POOLS)}, got {pool!r}")
     if pool == "default":
         return default_drafters()
-    built = built_specialists()
-    if not built:
-        raise InvalidRequestError("pool", "no specialists are built on this machine: run `make specialists` first")
-    return default_drafters() + built
+    available = available_specialists(target)
+    if not available:
+        raise InvalidRequestError("pool", f"no specialists are built here or shipped for {target!r}: "
+                                          f"run `specfleet specialists --model {target}` first")
+    return default_drafters() + available
 
 
 def parse_drafter_names(names: str | Sequence[str]) -> tuple[str, ...]:
@@ -183,18 +186,19 @@ def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> 
 
 
 def _specialist(name: str, target_vocab_size: int | None, target: str) -> Proposer:
-    from actors.distilled import load_distilled
-    from actors.models import default_device, load_draft_model
-    from actors.retrieval import RetrievalProposer, TokenDatastore
+    from actors.models import load_draft_model
+    from actors.retrieval import RetrievalProposer
+    from actors.specialists import task_datastore
 
-    path = specialist_path(name)
-    if not path.exists():
-        raise InvalidRequestError("drafters", f"{name!r} is not built on this machine ({path}): run `make specialists`")
+    path = specialist_path(name, target)
+    if path is None:
+        raise InvalidRequestError("drafters", f"{name!r} is neither built on this machine nor shipped for {target!r}: "
+                                              f"run `make specialists`")
     if name == OTHER_VOCAB:  # a model of its own vocabulary (deploy/specialists/other_vocab.py)
         model = load_draft_model(str(path))  # on the default device, as every loaded model
         return _model_drafter(model, name, target_vocab_size, target)
     if name.startswith("retrieval-"):
-        return RetrievalProposer(TokenDatastore.load(path), name=name)
-    model = HFModelProposer(load_distilled(path, default_device()), name=f"{name}.model", target_vocab_size=target_vocab_size,
+        return RetrievalProposer(task_datastore(path, name.removeprefix("retrieval-"), target), name=name)
+    model = HFModelProposer(load_draft_model(str(path)), name=f"{name}.model", target_vocab_size=target_vocab_size,
                             min_confidence=DISTILL_MIN_CONFIDENCE)
     return HierarchyProposer([NgramProposer(name=f"{name}.context", min_n=2), model], name=name)

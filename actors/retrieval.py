@@ -10,14 +10,14 @@ separator ends the draft).
 
 `RetrievalProposer` also looks the tail up in the request's own context (prompt lookup, n-grams of
 `context_n`, the most local datastore, as in Hierarchy Drafting) and drafts from whichever source
-matched the longer tail (the context on a tie). Model-free, so q is a point mass. The datastore is
-built once by `specfleet specialists`, saved as .npz, and read-only while serving.
+matched the longer tail (the context on a tie). Model-free, so q is a point mass. A datastore is
+built when its drafter loads, from its task's corpus (actors/specialists.task_datastore; seconds),
+and read-only while serving.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -53,15 +53,6 @@ class TokenDatastore:
         all_windows = np.lib.stride_tricks.sliding_window_view(padded, depth)[: tokens.shape[0]]
         order = np.lexsort(all_windows.T[::-1]).astype(np.int32)  # first column is the primary key
         return cls(tokens, order, np.ascontiguousarray(all_windows[order]))
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, tokens=self.tokens, order=self.order, windows=self.windows)
-
-    @classmethod
-    def load(cls, path: Path) -> TokenDatastore:
-        with np.load(path) as data:
-            return cls(data["tokens"], data["order"], data["windows"])
 
     def match_range(self, pattern: Sequence[int]) -> tuple[int, int]:
         """[lo, hi) of the sorted suffixes that start with pattern (len(pattern) <= depth)."""

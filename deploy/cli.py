@@ -43,13 +43,13 @@ def _pool_arg(parser: argparse.ArgumentParser) -> None:
     from actors.pool import POOLS
 
     parser.add_argument("--pool", default=POOLS[0], choices=POOLS,
-                        help="specialists: the generic drafters plus every specialist built by `make specialists`")
+                        help="specialists: the generic drafters plus every task specialist (shipped for the embedded default, or built by `specfleet specialists`)")
 
 
 def _drafter_names(args: argparse.Namespace) -> str:
     from actors.pool import pool_drafters
 
-    return args.drafters if args.drafters else ",".join(pool_drafters(args.pool))
+    return args.drafters if args.drafters else ",".join(pool_drafters(args.pool, args.model))
 
 
 def _load(args: argparse.Namespace):
@@ -184,7 +184,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from actors.models import load_causal_lm
     from deploy.engine.target import TargetModel
-    from deploy.specialists.build import CORPUS_FILE, build_distilled, corpus_for
+    from actors.specialists import CORPUS_FILE
+    from deploy.specialists.build import build_distilled, corpus_for
 
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
     out = Path(args.out)
@@ -199,17 +200,31 @@ def cmd_specialists(args: argparse.Namespace) -> int:
     from actors.specialists import OTHER_VOCAB, specialists_root
     from deploy.engine.target import TargetModel
     from deploy.specialists.build import build_specialists
+    from deploy.specialists.own import build_own_specialist, check_name, read_source
     from deploy.specialists.tasks import SPECIALIST_TASKS, training_prompts
 
+    root = Path(args.out).expanduser() if args.out else specialists_root()
+    if args.source or args.name:  # a user's own specialist
+        if not (args.source and args.name):
+            raise InvalidRequestError("from" if args.name else "name", "--from FILE and --name NAME go together")
+        check_name(args.name)
+        read_source(Path(args.source).expanduser())  # bad input is an error naming `from` before the target loads
+        target = TargetModel(load_causal_lm(args.model, device="cpu"))
+        built = build_own_specialist(target, Path(args.source).expanduser(), args.name, root, distilled=args.distilled,
+                                     epochs=args.epochs, progress=True)
+        print(json.dumps(built, indent=1))
+        print(f"built under {root / args.name}; add to a running service with: "
+              + "; ".join(f"specfleet drafters add {n} --kind {n}" for n in built["drafters"]), file=sys.stderr)
+        return 0
     tasks = args.tasks.split(",") if args.tasks else [*SPECIALIST_TASKS, OTHER_VOCAB]
     for task in tasks:
         if task != OTHER_VOCAB:
             training_prompts(task, 1)  # an unknown task is an error naming `task` before anything loads
     target = TargetModel(load_causal_lm(args.model, device="cpu"))
     manifest = build_specialists(target, [t for t in tasks if t != OTHER_VOCAB], num_layers=args.layers, epochs=args.epochs,
-                                 rebuild=args.rebuild, other_vocab=OTHER_VOCAB in tasks)
+                                 root=root, rebuild=args.rebuild, other_vocab=OTHER_VOCAB in tasks)
     print(json.dumps(manifest, indent=1))
-    print(f"specialists under {specialists_root()}: built in {manifest['build_s']:.0f} s in all on this machine "
+    print(f"specialists under {root}: built in {manifest['build_s']:.0f} s in all on this machine "
           f"({manifest['this_run_s']:.0f} s this run)", file=sys.stderr)
     return 0
 
@@ -463,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--layers", type=int, default=2, help="decoder layers of each distilled drafter")
     spec.add_argument("--epochs", type=int, default=8, help="training epochs of each distilled drafter")
     spec.add_argument("--rebuild", action="store_true", help="build again the tasks already built")
+    spec.add_argument("--out", default=None, help="directory to build into (default: this machine's specialists, "
+                                                  "found before the shipped ones; actors/data/specialists/<target> to rebuild those)")
+    spec.add_argument("--from", dest="source", default=None, help="your own specialist from this JSONL file: lines "
+                      "{messages|prompt} (the target answers them) or {text} (taken as it is); needs --name")
+    spec.add_argument("--name", default=None, help="your specialist's name (a-z, 0-9, _): drafters retrieval-NAME (and distill-NAME)")
+    spec.add_argument("--distilled", action="store_true", help="with --from: also distil a drafter model (minutes)")
     spec.set_defaults(func=cmd_specialists)
 
     other = sub.add_parser("othervocab", help="build the drafter of another vocabulary (its own BPE tokenizer, a 2-layer LM "

@@ -82,6 +82,8 @@ import deploy.service.app as app
 import deploy.specialists.build as specialists
 from deploy.bench.prompts import PROMPTS_DIR
 from deploy.config import ServiceConfig
+from actors.specialists import shipped_specialists
+shipped = shipped_specialists("smollm2-135m")
 
 module, _, attr = app.GRPC_SERVICER.rpartition(".")
 servicer = getattr(importlib.import_module(module), attr)
@@ -101,6 +103,7 @@ print(json.dumps({
     "proto": (Path(pb2.__file__).parent / "specfleet.proto").is_file(),
     "recycling_prior": __import__("actors.recycling_table", fromlist=["is_prior_dir"]).is_prior_dir(
         __import__("actors.recycling_table", fromlist=["shipped_prior"]).shipped_prior("smollm2-135m")),
+    "specialists": sorted(str(f.relative_to(shipped)) for f in shipped.rglob("*") if f.is_file()),
     "servicer": servicer.__name__, "stub": pb2_grpc.SpecfleetStub.__name__,
     "request": pb2.GenerateRequest(prompt="x").prompt,
 }))
@@ -123,6 +126,8 @@ def test_non_editable_install_has_the_code_the_data_and_the_grpc_stubs(installed
     assert found["prompts"] == source_prompts and any(p.startswith("train/") for p in source_prompts)
     assert found["train"] == sorted(p.name for p in (REPO / "deploy" / "prompts" / "train").glob("*.jsonl"))
     assert found["recycling_prior"]  # the shipped recycling prior (table and manifest) is in the wheel
+    shipped = __import__("actors.specialists", fromlist=["shipped_specialists"]).shipped_specialists("smollm2-135m")
+    assert found["specialists"] == sorted(str(f.relative_to(shipped)) for f in shipped.rglob("*") if f.is_file())
     assert found["proto"]
     assert (found["servicer"], found["stub"], found["request"]) == ("add_SpecfleetServicer_to_server", "SpecfleetStub", "x")
 

@@ -138,10 +138,11 @@ def with_pool(args: dict, pool: str) -> dict:
     """The app's args with the pool's drafters (e.g. `specialists`) added after the config's own."""
     from actors.pool import pool_drafters
 
-    extra = pool_drafters(pool)
+    config = ServiceConfig.model_validate(args)
+    extra = pool_drafters(pool, config.target.model)
     if pool == "default":
         return args
-    drafters = [d.model_dump(exclude_defaults=True) for d in ServiceConfig.model_validate(args).drafters]
+    drafters = [d.model_dump(exclude_defaults=True) for d in config.drafters]
     present = {d["name"] for d in drafters}
     return args | {"drafters": drafters + [{"name": n, "kind": n} for n in extra if n not in present]}
 

@@ -1,11 +1,14 @@
 """Self-distillation of a task drafter from the target (sequence-level KD, as in MetaSD's drafters).
 
-`distill(target_dir, examples, ...)` starts from the target's own first `num_layers` decoder
-layers, final norm and embeddings (frozen), adds a head over the tokens the corpus's outputs use
-(initialised from the tied embedding rows), and trains layers, norm and head with AdamW on the
-target's greedy outputs: cross-entropy of each output token given the prompt and the output so
-far. A tenth of the examples is held out; the result reports the loss of the first and last
-epochs and the held-out top-1 agreement with the target (a proxy for its acceptance).
+`distill(base, examples, ...)` starts from the target's own first decoder layers, final norm and
+embeddings (`base`, frozen), adds a head over the tokens the corpus's outputs use (initialised
+from the tied embedding rows), and trains, with AdamW on the target's greedy outputs
+(cross-entropy of each output token given the prompt and the output so far): a rank-`rank` LoRA
+delta on every projection of those layers (peft's adapters, scale 1), the norms and the head.
+So the drafter is the target's layers plus what it learned, small enough to ship
+(actors/distilled.py saves it as that difference). A tenth of the examples is held out; the
+result reports the loss of the first and last epochs and the held-out top-1 agreement with the
+target (a proxy for its acceptance).
 """
 from __future__ import annotations
 
@@ -18,15 +21,18 @@ from dataclasses import asdict, dataclass
 import torch
 
 from actors.distilled import ReducedHeadLM
-from deploy.specialists.corpus import Example
+from actors.task_corpus import Example
 from deploy.specialists.training import train as train_epochs
 
 IGNORE = -100
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # what the deltas adapt
+RANK = 32  # of each projection's delta (docs/experiments.md, "Specialists that ship")
 
 
 @dataclass(frozen=True)
 class DistillReport:
     num_layers: int
+    rank: int
     head_size: int
     steps: int
     examples: int
@@ -60,7 +66,7 @@ def _batch(examples: Sequence[Example], to_head: torch.Tensor, pad: int) -> tupl
         seq = torch.tensor(example.token_ids, dtype=torch.long)
         n = seq.shape[0] - 1
         ids[row, :n], mask[row, :n] = seq[:-1], 1
-        first_output = len(example.prompt_ids) - 1  # position whose next token is the first output token
+        first_output = max(len(example.prompt_ids) - 1, 0)  # position whose next token is the first output token (the second of a text)
         labels[row, first_output:n] = to_head[seq[first_output + 1 :]]
     return ids, mask, labels
 
@@ -81,21 +87,28 @@ def distill(
     pad_id: int,
     epochs: int = 8,
     batch_size: int = 8,
-    lr: float = 1e-3,
+    lr: float = 5e-3,
+    rank: int = RANK,
     seed: int = 0,
     log=None,
-) -> tuple[ReducedHeadLM, DistillReport]:
-    """base: the target's model already truncated to the drafter's layers (it is trained in place)."""
+) -> tuple[ReducedHeadLM, DistillReport, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """base: the target's model already truncated to the drafter's layers (adapters are added to it).
+    -> the drafter, its report, and each projection's delta (delta_a [r, in], delta_b [out, r]) by module name."""
+    from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
     start = time.perf_counter()
     torch.manual_seed(seed)
+    base.requires_grad_(False)
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(PROJECTIONS), lora_dropout=0.0), base)
+    for name, param in base.named_parameters():
+        param.requires_grad_("lora_" in name or name.endswith("norm.weight"))
     examples = [e for e in examples if e.output_ids]
     rng = random.Random(seed)
     shuffled = rng.sample(examples, len(examples))
     heldout, train = shuffled[: max(1, len(shuffled) // 10)], shuffled[max(1, len(shuffled) // 10) :]
     head_ids = head_vocabulary(train, eos_ids)
-    embedding = base.get_input_embeddings().weight
+    embedding = base.get_input_embeddings().weight  # tied to the base's full head: frozen, shared with the input side
     model = ReducedHeadLM(base, head_ids, embedding.detach()[head_ids].clone())
-    embedding.requires_grad_(False)  # tied to the base's full head: frozen, shared with the input side
     to_head = torch.full((embedding.shape[0],), IGNORE, dtype=torch.long)
     to_head[head_ids] = torch.arange(head_ids.shape[0])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -117,9 +130,12 @@ def distill(
             agree, counted = agree + a, counted + c
     for p in params:
         p.requires_grad_(False)
+    adapters = get_peft_model_state_dict(base)  # <module>.lora_A.weight [r, in], <module>.lora_B.weight [out, r]
+    deltas = {key.removesuffix(".lora_A.weight"): (a, adapters[key.replace(".lora_A.", ".lora_B.")])
+              for key, a in adapters.items() if key.endswith(".lora_A.weight")}
     report = DistillReport(
-        num_layers=int(base.config.num_hidden_layers), head_size=int(head_ids.shape[0]), steps=total, examples=len(train),
+        num_layers=int(base.config.num_hidden_layers), rank=rank, head_size=int(head_ids.shape[0]), steps=total, examples=len(train),
         first_epoch_loss=round(epoch_losses[0], 4), last_epoch_loss=round(epoch_losses[-1], 4),
         heldout_agreement=round(agree / max(counted, 1), 4), train_s=round(time.perf_counter() - start, 1),
     )
-    return model, report
+    return model, report, deltas

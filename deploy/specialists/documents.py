@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 
 from deploy.engine.target import TargetModel
-from deploy.specialists.corpus import Example, target_outputs
+from actors.task_corpus import Example
+from deploy.specialists.corpus import target_outputs
 
 SUBJECTS = [
     "lighthouses", "glaciers", "coffee farming", "electric bicycles", "public libraries", "tide pools", "chess openings",

@@ -38,7 +38,7 @@ import torch
 
 from actors.eagle_head import EagleHead
 from deploy.engine.target import TargetModel
-from deploy.specialists.corpus import Example
+from actors.task_corpus import Example
 
 VOCABULARY = 24576  # head vocabulary size: 98.3% of plain decoding's tokens on the dev set (16,384: 97.1%; docs/experiments.md)
 STEPS = 3  # training-time test: drafting steps unrolled

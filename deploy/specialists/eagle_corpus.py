@@ -32,7 +32,7 @@ from pathlib import Path
 from threading import Condition
 
 from actors.sampling import SamplingParams
-from deploy.specialists.corpus import Example
+from actors.task_corpus import Example
 from deploy.specialists.eagle_prompts import Job, compose_jobs
 
 SHARD_JOBS = 256

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from deploy.specialists.corpus import Example
+from actors.task_corpus import Example
 from deploy.specialists.training import train as train_epochs
 
 VOCABULARY = 8192

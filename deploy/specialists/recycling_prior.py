@@ -27,7 +27,7 @@ import torch
 
 from actors.recycling_table import EMPTY, TOP_K, Prior
 from deploy.engine.target import TargetModel
-from deploy.specialists.corpus import Example
+from actors.task_corpus import Example
 from deploy.specialists.eagle import length_batches
 
 BATCH_TOKENS = 4096  # positions per target forward

@@ -90,6 +90,35 @@ def test_a_drafter_added_live_serves_as_an_arm_and_drains_out_on_removal(service
     assert answers == [plain] * 4
 
 
+def test_your_own_specialist_built_from_a_file_joins_the_running_pool_as_an_arm(service, plain, tmp_path, monkeypatch,
+                                                                              capsys):
+    """`specfleet specialists --from FILE --name NAME`, then `specfleet drafters add`: MetaSD on one's
+    own traffic. The file holds a request (the target answers it) and a text: the answer `ask` gets."""
+    import shutil
+    import uuid
+
+    from actors.specialists import specialists_root
+    from deploy.cli import main
+
+    name = f"test_own_{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "mine.jsonl"
+    source.write_text(json.dumps({"prompt": "Name three colours."}) + "\n" + json.dumps({"text": plain}) + "\n")
+    drafter = f"retrieval-{name}"
+    monkeypatch.setenv("SPECFLEET_ADMIN_TOKEN", service.admin_token)
+    try:
+        assert main(["specialists", "--from", str(source), "--name", name]) == 0
+        assert main(["drafters", "add", drafter, "--kind", drafter, "--url", service.url]) == 0
+        assert f"added {drafter}" in capsys.readouterr().out
+        answers = [ask(service) for _ in range(3)]
+        _, listed = admin(service, "GET", "/drafters")
+        mine = next(d for d in listed["data"] if d["name"] == drafter)
+        assert mine["pulls"] > 0 and mine["acceptance"] > 0.5  # it holds this very answer
+        assert main(["drafters", "remove", drafter, "--url", service.url]) == 0
+        assert answers == [plain] * 3
+    finally:
+        shutil.rmtree(specialists_root() / name, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def eagle_head_dir(target, tmp_path_factory):
     """An eagle head trained on the target's own answer to the prompt `ask` sends (a fresh directory:

@@ -1,5 +1,7 @@
-"""Task specialists: training prompts, the retrieval datastore, a tiny distillation end to end,
-and the specialist pool's names and errors."""
+"""Task specialists: training prompts, the retrieval datastore and the corpus it is built from, a
+tiny distillation end to end (saved as its difference from the target), the specialists the
+repository ships (within their size budget, lossless), a user's own specialist from a file, and
+the specialist pool's names and errors."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,7 @@ from actors.sampling import SamplingParams
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prompts"
 GREEDY = SamplingParams(max_tokens=8)
+SHIPPED_TASKS = ("code", "math", "translation", "chat", "qa")
 
 
 def _texts(path: Path) -> set[str]:
@@ -93,11 +96,19 @@ def test_a_sequence_boundary_ends_the_draft_and_no_match_drafts_nothing():
     assert store.continuation([6, 6], k=5, min_match=1, max_match=4) == ()
 
 
-def test_a_datastore_saved_and_loaded_drafts_the_same(tmp_path):
-    store = TokenDatastore.build([[1, 2, 3, 4], [2, 3, 5]], depth=3)
-    store.save(tmp_path / "d.npz")
-    loaded = TokenDatastore.load(tmp_path / "d.npz")
-    assert loaded.continuation([2, 3], 3, 1, 3) == store.continuation([2, 3], 3, 1, 3) != ()
+def test_a_corpus_saved_as_token_ids_reads_back_equal_and_its_datastore_drafts_from_it(tmp_path):
+    from actors.specialists import task_datastore
+    from actors.task_corpus import Example, load_corpus, save_corpus
+
+    examples = [Example((1, 2), (3, 4)), Example((), (2, 3, 5)), Example((40_000,), ())]
+    save_corpus(examples, tmp_path / "corpus.npz")
+    assert load_corpus(tmp_path / "corpus.npz") == examples
+    with np.load(tmp_path / "corpus.npz") as saved:
+        assert saved["tokens"].dtype == np.uint16  # every id fits: two bytes a token
+    save_corpus([Example((70_000,), (1,))], tmp_path / "wide.npz")
+    assert load_corpus(tmp_path / "wide.npz") == [Example((70_000,), (1,))]
+    store = task_datastore(tmp_path / "corpus.npz", "tiny")
+    assert store.continuation([9, 1, 2], 3, 1, 3) == (3, 4)
 
 
 def test_retrieval_drafter_follows_its_session_deltas_and_is_model_free():
@@ -137,13 +148,13 @@ def test_specialist_pool_errors_name_the_field(tmp_path, monkeypatch):
     from actors.pool import build_drafters, parse_drafter_names, pool_drafters
 
     monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
-    with pytest.raises(InvalidRequestError, match="pool"):
-        pool_drafters("specialists")
+    with pytest.raises(InvalidRequestError, match="pool.*specfleet specialists --model other-model"):
+        pool_drafters("specialists", "other-model")  # nothing built here, nothing shipped for it
     with pytest.raises(InvalidRequestError, match="pool"):
         pool_drafters("experts")
     assert parse_drafter_names("ngram,retrieval-code") == ("ngram", "retrieval-code")
     with pytest.raises(InvalidRequestError, match="drafters.*make specialists"):
-        build_drafters(["retrieval-code"])
+        build_drafters(["retrieval-nosuchtask"])
     with pytest.raises(InvalidRequestError, match="drafters"):
         parse_drafter_names("retrieval-")
 
@@ -153,9 +164,10 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
     under the specialists root -> built as `distill-tiny` beside `retrieval-tiny` -> greedy output
     equal to plain decoding."""
     from actors.pool import build_drafters, pool_drafters
-    from actors.specialists import specialists_root
+    from actors.specialists import CORPUS_FILE, specialists_root
+    from actors.task_corpus import save_corpus
     from deploy.engine.engine import SpeculativeEngine
-    from deploy.specialists.build import build_datastore, build_distilled
+    from deploy.specialists.build import build_distilled
     from deploy.specialists.corpus import target_outputs
     from deploy.specialists.tasks import training_prompts
     from tests.conftest import CHAT_PROMPTS, isolated_cache, plain_text
@@ -166,8 +178,8 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
     meta = build_distilled(target, examples, specialists_root() / "tiny" / "distill", num_layers=1, epochs=8)
     assert meta["last_epoch_loss"] < meta["first_epoch_loss"]
     assert meta["num_layers"] == 1 and 0 < meta["head_size"] < target.vocab_size
-    build_datastore(target, "tiny", examples, specialists_root() / "tiny" / "datastore.npz")
-    assert pool_drafters("specialists")[-2:] == ("retrieval-tiny", "distill-tiny")
+    save_corpus(examples, specialists_root() / "tiny" / CORPUS_FILE)
+    assert {"retrieval-tiny", "distill-tiny"} <= set(pool_drafters("specialists"))
 
     drafters = build_drafters(["distill-tiny", "retrieval-tiny", "none"], target_vocab_size=target.vocab_size)
     assert drafters["distill-tiny"].model_free is False and drafters["retrieval-tiny"].model_free is True
@@ -179,24 +191,28 @@ def test_a_tiny_distillation_learns_and_its_drafter_is_lossless(target, tmp_path
 
 
 def test_the_specialist_pool_joins_the_service_config_and_a_drafter_actor_builds_it(tmp_path, monkeypatch):
-    from actors.specialists import specialists_root
+    from actors.specialists import CORPUS_FILE, specialists_root
+    from actors.task_corpus import Example, save_corpus
     from cluster.drafter_actor import DrafterActor, DrafterSpec
     from deploy.config import ServiceConfig
     from deploy.service.app import with_pool
 
     monkeypatch.setenv("SPECFLEET_CACHE", str(tmp_path))
-    TokenDatastore.build([[5, 6, 7, 8, 9]], depth=4).save(specialists_root() / "tiny" / "datastore.npz")
+    save_corpus([Example((), (5, 6, 7, 8, 9))], specialists_root() / "tiny" / CORPUS_FILE)
     args = {"drafters": [{"name": "ngram", "kind": "ngram"}, {"name": "none", "kind": "none"}], "policy": "metasd-ucb"}
     assert with_pool(args, "default") == args
     config = ServiceConfig.model_validate(with_pool(args, "specialists"))
-    assert [d.name for d in config.drafters] == ["ngram", "none", "suffix", "hierarchy", "retrieval-tiny"]
+    shipped = [f"{kind}-{task}" for kind in ("retrieval", "distill") for task in SHIPPED_TASKS]
+    assert [d.name for d in config.drafters] == ["ngram", "none", "suffix", "hierarchy", *sorted(
+        shipped + ["retrieval-tiny"], key=lambda n: (n.startswith("distill"), n.split("-")[1]))]
     actor = DrafterActor(DrafterSpec("retrieval-tiny", "retrieval-tiny"), target_vocab_size=100)
     assert actor.kind() == {"model_free": True, "needs_features": False}
     assert actor.propose("r", [1, 6, 7], 2, GREEDY).token_ids == (8, 9)
 
 
 def test_the_distill_command_writes_a_loadable_drafter_and_its_corpus(tmp_path, capsys):
-    from actors.distilled import load_distilled
+    from actors.models import load_draft_model
+    from actors.task_corpus import load_corpus
     from deploy.cli import main
 
     prompts = tmp_path / "train.jsonl"
@@ -207,7 +223,7 @@ def test_the_distill_command_writes_a_loadable_drafter_and_its_corpus(tmp_path, 
                  "--layers", "1", "--epochs", "2", "--max-new-tokens", "8"]) == 0
     assert '"task": "math"' in capsys.readouterr().out
     meta = json.loads((out / "distill.json").read_text())
-    assert meta["num_layers"] == 1 and meta["examples"] == 2
-    assert len((out / "corpus.jsonl").read_text().splitlines()) == 3
-    model = load_distilled(out)
+    assert meta["num_layers"] == 1 and meta["examples"] == 2 and meta["target"] == "smollm2-135m"
+    assert len(load_corpus(out / "corpus.npz")) == 3
+    model = load_draft_model(str(out))
     assert model.config.num_hidden_layers == 1 and model.head.weight.shape[0] == meta["head_size"]
