@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from actors.distilled import is_distilled_dir
 from actors.models import DEFAULT_MODEL, cache_root, target_key
 
 SPECIALIST_KINDS = ("retrieval", "distill")
 SPECIALIST_NAME = re.compile(r"^(retrieval|distill)-([a-z0-9_]+)$")
 CORPUS_FILE = "corpus.npz"
 DISTILL_DIR = "distill"
-DISTILL_META = "distill.json"  # actors/distilled.META_FILE: a distilled drafter's directory has it
 MANIFEST_FILE = "manifest.json"
 SHIPPED_SPECIALISTS = Path(__file__).resolve().parent / "data" / "specialists"  # <target>/<task>/..., manifest.json
 OTHER_VOCAB = "othervocab"  # the drafter of another vocabulary (its directory's name too)
@@ -41,7 +41,7 @@ def shipped_specialists(target: str = DEFAULT_MODEL) -> Path:
 
 
 def _exists(kind: str, path: Path) -> bool:
-    return path.is_file() if kind == "retrieval" else (path / DISTILL_META).is_file()
+    return path.is_file() if kind == "retrieval" else is_distilled_dir(path)
 
 
 def specialist_path(name: str, target: str = DEFAULT_MODEL) -> Path | None:

@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from actors.distilled import is_distilled_dir
 from actors.models import load_causal_lm, truncate_layers
-from actors.specialists import CORPUS_FILE, DISTILL_DIR, DISTILL_META, MANIFEST_FILE, OTHER_VOCAB, OTHER_VOCAB_EXAMPLES, specialists_root
+from actors.specialists import CORPUS_FILE, DISTILL_DIR, MANIFEST_FILE, OTHER_VOCAB, OTHER_VOCAB_EXAMPLES, specialists_root
 from actors.task_corpus import Example, load_corpus, save_corpus
 from deploy.bench.prompts import load_prompts
 from deploy.engine.target import TargetModel
@@ -63,7 +64,7 @@ def build_specialists(
     started = time.perf_counter()
     for task in tasks:
         task_dir = root / task
-        if not rebuild and task in manifest["tasks"] and (task_dir / CORPUS_FILE).is_file() and (task_dir / DISTILL_DIR / DISTILL_META).is_file():
+        if not rebuild and task in manifest["tasks"] and (task_dir / CORPUS_FILE).is_file() and is_distilled_dir(task_dir / DISTILL_DIR):
             if log:
                 log(f"{task}: already built (--rebuild to build it again)")
             continue
