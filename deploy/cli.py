@@ -208,9 +208,9 @@ def cmd_specialists(args: argparse.Namespace) -> int:
         if not (args.source and args.name):
             raise InvalidRequestError("from" if args.name else "name", "--from FILE and --name NAME go together")
         check_name(args.name)
-        read_source(Path(args.source).expanduser())  # bad input is an error naming `from` before the target loads
+        requests, texts = read_source(Path(args.source).expanduser())  # bad input: an error before the target loads
         target = TargetModel(load_causal_lm(args.model, device="cpu"))
-        built = build_own_specialist(target, Path(args.source).expanduser(), args.name, root, distilled=args.distilled,
+        built = build_own_specialist(target, requests, texts, args.name, root, distilled=args.distilled,
                                      epochs=args.epochs, progress=True)
         print(json.dumps(built, indent=1))
         print(f"built under {root / args.name}; add to a running service with: "

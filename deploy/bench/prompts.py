@@ -13,7 +13,7 @@ both written before any tuning on them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,15 +36,21 @@ class BenchPrompt:
     split: str = "dev"
 
 
-def load_prompts(path: str | Path) -> list[BenchPrompt]:
-    items = []
+def json_lines(path: str | Path, field: str) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-blank JSON line of path; a line that is not JSON raises
+    InvalidRequestError naming `field` and the line."""
     for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield line_no, json.loads(line)
         except json.JSONDecodeError as err:
-            raise InvalidRequestError("prompts", f"line {line_no}: not JSON ({err})") from err
+            raise InvalidRequestError(field, f"line {line_no}: not JSON ({err})") from err
+
+
+def load_prompts(path: str | Path) -> list[BenchPrompt]:
+    items = []
+    for line_no, row in json_lines(path, "prompts"):
         if not isinstance(row.get("id"), str) or not isinstance(row.get("task"), str):
             raise InvalidRequestError("prompts", f"line {line_no}: needs string fields id and task")
         if ("messages" in row) == ("prompt" in row):

@@ -1,7 +1,8 @@
 """A user's own specialist: a retrieval drafter (and, asked, a distilled one) from a file of their prompts or texts.
 
-`build_own_specialist(target, source, name, root, distilled)` (what `specfleet specialists --from
-FILE --name NAME` runs) reads FILE's JSON lines, each one of
+`read_source(FILE)` reads the JSON lines of a user's file (what `specfleet specialists --from FILE
+--name NAME` passes on to `build_own_specialist(target, requests, texts, name, root, distilled)`),
+each one of
 - `{"messages": [...]}` or `{"prompt": "..."}`: a request; the target's greedy answer to it joins
   the corpus with the prompt, as the built-in tasks' corpora are made;
 - `{"text": "..."}`: a text taken as it is (documents, past answers, code).
@@ -12,13 +13,13 @@ Bad input raises InvalidRequestError naming `from` (with the line) or `name`.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from actors.errors import InvalidRequestError
 from actors.specialists import CORPUS_FILE, DISTILL_DIR, SPECIALIST_NAME
 from actors.task_corpus import Example, save_corpus
+from deploy.bench.prompts import json_lines
 from deploy.engine.target import TargetModel
 from deploy.specialists.corpus import target_outputs
 
@@ -29,13 +30,7 @@ def read_source(path: Path) -> tuple[list[list[dict]], list[str]]:
         raise InvalidRequestError("from", f"{path} is not a file")
     requests: list[list[dict]] = []
     texts: list[str] = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InvalidRequestError("from", f"line {line_no}: not JSON ({err})") from err
+    for line_no, row in json_lines(path, "from"):
         fields = [f for f in ("messages", "prompt", "text") if isinstance(row, dict) and f in row]
         if len(fields) != 1:
             raise InvalidRequestError("from", f"line {line_no}: needs exactly one of messages, prompt or text")
@@ -60,13 +55,12 @@ def check_name(name: str) -> None:
         raise InvalidRequestError("name", f"must be lower-case letters, digits and _, got {name!r}")
 
 
-def build_own_specialist(target: TargetModel, source: Path, name: str, root: Path, distilled: bool = False,
-                         max_new_tokens: int = 128, epochs: int = 8, progress: bool = False) -> dict:
-    """-> what was built: the names to add, corpus counts, seconds."""
+def build_own_specialist(target: TargetModel, requests: list[list[dict]], texts: list[str], name: str, root: Path,
+                         distilled: bool = False, max_new_tokens: int = 128, epochs: int = 8, progress: bool = False) -> dict:
+    """From read_source's requests and texts, a specialist named `name` (check_name) -> what was
+    built: the names to add, corpus counts, seconds."""
     from deploy.specialists.build import build_distilled
 
-    check_name(name)
-    requests, texts = read_source(source)
     start = time.perf_counter()
     examples = target_outputs(target, requests, max_new_tokens=max_new_tokens, progress=progress) if requests else []
     examples += [Example((), tuple(target.tokenizer(text, add_special_tokens=False)["input_ids"])) for text in texts]
