@@ -107,7 +107,8 @@ class CoordinatorActor:
         self._housekeeping()
         for call in calls:
             self.core.recycle(call.predictions, call.sampling)
-        chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k, c.features) for c in calls]
+        chosen = [self.core.select(c.request_id, c.new_tokens, c.feedback, c.k, c.features, c.context)
+                  for c in calls]
         asked: dict[str, list[tuple[int, bool]]] = {}  # drafter -> (call index, chosen there)
         for index, selection in enumerate(chosen):
             if selection is not None:

@@ -103,7 +103,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from actors.pool import parse_drafter_names
     from deploy.bench import expand_runs, load_prompts, render_table, run_bench
     from deploy.bench.load_report import render_load
-    from deploy.bench.prompts import first_per_task
+    from deploy.bench.prompts import first_per_task, in_turns
 
     prompts = load_prompts(args.prompts)
     if args.tasks:
@@ -117,6 +117,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.per_task < 1:
             raise InvalidRequestError("per_task", f"must be at least 1, got {args.per_task}")
         prompts = first_per_task(prompts, args.per_task)
+    if args.interleave:
+        prompts = in_turns(prompts)
     if args.limit:
         prompts = prompts[: args.limit]
     from deploy.bench.runs import MAX_REPEAT
@@ -133,6 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        concurrency=args.concurrency, trace_prompt=args.trace_prompt, cost_profile=args.cost_profile,
                        cut_drafts=not args.no_cut, tree_budget=args.tree_budget, repeat=args.repeat,
                        alternate=args.alternate)
+    report["params"]["interleaved"] = args.interleave
     table = "\n".join([render_table(report), *render_load(report)])
     if args.out:
         from deploy.bench.charts import concurrency_chart, drafter_chart, reliability_chart, speedup_chart
@@ -436,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trace-prompt", default=None,
                        help="prompt id whose per-round drafter choices are kept (default: the first prompt)")
     bench.add_argument("--per-task", type=int, default=None, help="only the first N prompts of each task")
+    bench.add_argument("--interleave", action="store_true",
+                       help="the prompts a task at a time in turn, as mixed traffic arrives (default: the file's order)")
     bench.add_argument("--tree-budget", type=int, default=None,
                        help="the most draft nodes a round verifies (in-process engines; also the recycling drafter's tree size)")
     bench.add_argument("--repeat", type=int, default=1,

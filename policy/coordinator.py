@@ -9,7 +9,8 @@ One call per speculation round from the target:
 first call); `feedback` (a RoundFeedback: one Feedback per drafter that drafted) describes the
 previous round (feedback for round t rides on the call of round t+1). The coordinator keeps per
 request the committed context, the request's bandit (cold, or warm-started from global
-statistics with `-warm`) and how much of the context each drafter has seen, so a drafter
+statistics with `-warm`, or with `-context` from the earlier requests whose prompts the target
+represented most alike: `context`, sent with the first call; policy/context_memory.py) and how much of the context each drafter has seen, so a drafter
 receives only its unseen tokens (catch-up after rounds it sat out). `finish` learns the last
 round and releases every drafter's session.
 
@@ -43,7 +44,7 @@ A request whose target stops calling (its replica died mid-request) is forgotten
 `add_drafter` grows the pool live: the new arm joins new requests and the ones in flight;
 `remove_drafter` shrinks it: no round picks the arm again, requests in flight carry on with the
 others. `learned` and `restore` carry what was learned across requests (each arm's global
-statistics and each drafter's counters) over a restart. The Ray actor body over drafter actors is
+statistics, each drafter's counters and the context memory) over a restart. The Ray actor body over drafter actors is
 cluster/coordinator_actor.py.
 """
 from __future__ import annotations
@@ -60,6 +61,7 @@ from actors.no_draft import NO_DRAFT
 from actors.proposal import Proposal, Proposer, is_model_free, needs_features, needs_predictions
 from actors.sampling import SamplingParams
 from policy.bandit import ArmStats, Bandit
+from policy.context_memory import ContextMemory
 from policy.pooled_counts import PooledCounts
 from policy.registry import DEFAULT_POLICY, DEFAULT_VERIFY, ENSEMBLE, TREE, parse_policy
 
@@ -125,6 +127,7 @@ class DraftCall:
     defer_models: bool = False
     features: Any = None  # the target's features of the positions committed since its last call ([m, H] tensor)
     predictions: Any = None  # the target's top-k predictions at the positions it verified since: (tokens [n], ids [n, k], probs [n, k])
+    context: Any = None  # on a request's first call: the mean of the target's last hidden states over the prompt ([H])
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class _Request:
     features: list = field(default_factory=list)  # the target's features as received, in chunks ([m, H] each)
     features_received: int = 0
     features_sent: dict[str, int] = field(default_factory=dict)  # features each feature drafter has seen
+    context: Any = None  # the prompt's projected context (contextual policies)
+    observed: dict[str, ArmStats] = field(default_factory=dict)  # what this request saw of each arm, warm start left out
 
     def unseen_features(self, arm: str) -> tuple | None:
         """The features `arm` has not seen, as chunks in order (None when none), marked as seen."""
@@ -185,6 +190,7 @@ class Coordinator:
         self.prediction_arms = {name for name, d in self.drafters.items() if needs_predictions(d)}
         self.draft_lengths = PooledCounts()  # every target replica's draft-length statistics, summed
         self.guard_figures: dict[str, list[float]] = {}  # per batch bucket: the best-evidenced replica's guard figures
+        self.contexts = ContextMemory(seed=seed)  # finished requests' prompts and what they saw (contextual policies)
         self._lock = threading.Lock()  # guards bandits and statistics, never held while drafting
 
     @property
@@ -221,9 +227,11 @@ class Coordinator:
                 drafter.recycle(sampling.cache_salt, *predictions)
 
     def select(
-        self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int, features: Any = None
+        self, request_id: str, new_tokens: Sequence[int], feedback: RoundFeedback | None, k: int, features: Any = None,
+        context: Any = None,
     ) -> Selection | None:
-        """Record the committed tokens and the feedback, pick this round's drafters.
+        """Record the committed tokens and the feedback, pick this round's drafters. `context`: the
+        prompt's, on a request's first call (a contextual policy warm-starts from it).
 
         -> the selection, or None when k <= 0 (no room to draft: a plain step that nobody learns from).
         """
@@ -233,8 +241,9 @@ class Coordinator:
                 return None  # begun before this coordinator (re)started: it lacks the context, so no draft
             if request is None:
                 rng = np.random.default_rng(self._rng.integers(2**63))
-                bandit = self.spec.make(self.global_stats, rng, self.model_free | {NO_DRAFT})
-                request = self.requests[request_id] = _Request(bandit)
+                embedded = self.contexts.embed(context) if self.spec.contextual else None
+                bandit = self.spec.make(self._prior(embedded), rng, self.model_free | {NO_DRAFT})
+                request = self.requests[request_id] = _Request(bandit, context=embedded)
             request.tokens.extend(int(t) for t in new_tokens)
             if features is not None and len(features) and self.feature_arms:
                 request.features.append(features)
@@ -257,6 +266,12 @@ class Coordinator:
                     unseen[asked] = request.unseen_features(asked)
             return Selection(arm, shadows, deltas, unseen)
 
+    def _prior(self, embedded: Any) -> dict[str, ArmStats]:
+        """A new request's warm start: per arm, the nearest similar requests' statistics where they
+        saw the arm, else the global ones."""
+        near = self.contexts.prior(embedded) if embedded is not None else {}
+        return {arm: near.get(arm, stats) for arm, stats in self.global_stats.items()}
+
     @staticmethod
     def as_round(arm: str, proposal: Proposal, k: int) -> Proposal:
         """The drafter's proposal under the arm's name, at most k tokens."""
@@ -272,13 +287,14 @@ class Coordinator:
         defer_models: bool = False,
         features: Any = None,
         predictions: Any = None,
+        context: Any = None,
     ) -> DraftRound:
         """The chosen drafter and the shadows draft (in this process one after the other; the Ray
         actor body drafts in parallel). `defer_models`: a chosen model drafter is left for
         `draft_deferred` (the round's `deferred`), so the caller can size its draft by the cheap
         drafts in hand."""
         self.recycle(predictions, sampling)
-        chosen = self.select(request_id, new_tokens, feedback, k, features)
+        chosen = self.select(request_id, new_tokens, feedback, k, features, context)
         if chosen is None:
             return replace(PLAIN_ROUND, features_wanted=self.wants_features, predictions_wanted=self.wants_predictions)
         arm = chosen.arm
@@ -298,7 +314,7 @@ class Coordinator:
     def propose_batch(self, calls: Sequence[DraftCall]) -> list[DraftRound]:
         """Every request of a batch iteration in one call (in this process one after the other)."""
         return [self.propose(c.request_id, c.new_tokens, c.feedback, c.k, c.sampling, c.defer_models, c.features,
-                             c.predictions) for c in calls]
+                             c.predictions, c.context) for c in calls]
 
     def draft_deferred(self, request_id: str, tokens: Mapping[str, int], sampling: SamplingParams) -> tuple[Proposal, ...]:
         """Draft the round's deferred model drafters, each asked for `tokens[arm]` tokens; an arm
@@ -339,6 +355,7 @@ class Coordinator:
             request.tokens.extend(int(t) for t in new_tokens)
             if feedback is not None:
                 self._learn(request, feedback)
+            self.contexts.add(request.context, request.observed)
         return {name: request.tokens[request.sent.get(name, 0) :] for name in self.drafters}
 
     def expire(self) -> dict[str, dict[str, list[int]]]:
@@ -400,6 +417,7 @@ class Coordinator:
     def _learn(self, request: _Request, feedback: RoundFeedback) -> None:
         for draft in feedback.drafts:
             request.bandit.update(draft.drafter, draft.reward, pulled=not draft.counterfactual, weight=draft.weight)
+            request.observed.setdefault(draft.drafter, ArmStats()).add(draft.reward, draft.weight)
             if draft.drafter in self.global_stats:
                 self.global_stats[draft.drafter].add(draft.reward, draft.weight)
             stats = self.drafter_stats.get(draft.drafter)
@@ -431,13 +449,13 @@ class Coordinator:
     def learned(self) -> dict:
         """What the coordinator has learned across requests, as JSON-able data (its checkpoint): the
         policy and reward it was learned under, each arm's global statistics (what a warm bandit
-        starts from), each drafter's counters (`stats`) and the target replicas' pooled
-        draft-length statistics."""
+        starts from), each drafter's counters (`stats`), the target replicas' pooled
+        draft-length statistics and the context memory (what a contextual bandit starts from)."""
         with self._lock:
             return {"policy": self.spec.name, "reward": self.spec.reward,
                     "arms": {arm: asdict(s) for arm, s in self.global_stats.items()},
                     "drafters": {name: asdict(s) for name, s in self.drafter_stats.items()},
-                    "draft_lengths": self.draft_lengths.snapshot()}
+                    "draft_lengths": self.draft_lengths.snapshot(), "contexts": self.contexts.snapshot()}
 
     def restore(self, learned: Mapping) -> bool:
         """Take a checkpoint's statistics (`learned`) for the drafters in the pool. False, and
@@ -452,6 +470,7 @@ class Coordinator:
                 if name in self.drafter_stats:
                     self.drafter_stats[name] = DrafterStats(**values)
             self.draft_lengths.restore(learned.get("draft_lengths", {}))
+            self.contexts.restore(learned.get("contexts", {}))
         return True
 
     def stats(self) -> dict:

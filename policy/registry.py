@@ -12,6 +12,10 @@ A policy is the bandit and its reward; how a round's drafts are verified is a se
                       (PRIOR_WEIGHT pseudo-pulls per arm; when model-free drafters are scored
                       for free, PRIOR_WEIGHT_PULLED for the arms the request sees only by
                       pulling them: the costly model drafters)
+    <base>-context    the warm start from the earlier requests whose prompts the target
+                      represents most alike (policy/context_memory.py: their nearest
+                      neighbours by the prompt's hidden states), the global statistics for
+                      arms those never saw; the same pseudo-pulls as -warm
 
 Verification (`verify`; config field, CLI `--verify`, bench `policy:<policy>@<verify>`):
 
@@ -69,7 +73,8 @@ COST_BETA = 0.05  # UCB's exploration weight on the cost reward (measured: docs/
 CHOSEN, COUNTERFACTUAL, TREE, ENSEMBLE = "chosen", "counterfactual", "tree", "ensemble"
 VERIFY_MODES = (CHOSEN, COUNTERFACTUAL, TREE, ENSEMBLE)
 DEFAULT_VERIFY = TREE
-_RETIRED = re.compile(r"-(m[1-9][0-9]*|mall|mauto|mbest|mrated|mtree|cf)(?=-warm$|$)")
+WARM, CONTEXT = "-warm", "-context"  # the warm-start suffixes
+_RETIRED = re.compile(r"-(m[1-9][0-9]*|mall|mauto|mbest|mrated|mtree|cf)(?=-warm$|-context$|$)")
 
 _POLICIES: dict[str, tuple[Callable[..., Bandit], str]] = {
     "metasd-ucb": (UCB, BD),
@@ -96,6 +101,7 @@ class PolicySpec:
     warm_start: bool
     factory: Callable[..., Bandit]
     verify: str = DEFAULT_VERIFY
+    contextual: bool = False  # the warm start comes from the requests with the most similar prompts
 
     @property
     def shadows(self) -> bool:
@@ -134,15 +140,17 @@ def parse_policy(name: str, drafters: Sequence[str], verify: str = DEFAULT_VERIF
         raise InvalidRequestError(
             "policy", f"the suffix -{retired[1]} of {name!r} is retired: a policy is the bandit and its reward "
                       f"(-warm optional); how drafts are verified is the `verify` setting, one of {list(VERIFY_MODES)}")
-    warm = name.endswith("-warm")
-    base = name.removesuffix("-warm")
+    contextual = name.endswith(CONTEXT)
+    warm = contextual or name.endswith(WARM)
+    base = name.removesuffix(CONTEXT if contextual else WARM)
     if base not in _POLICIES:
-        raise InvalidRequestError("policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} (suffix -warm)")
+        raise InvalidRequestError("policy", f"unknown policy {name!r}; known: {list(POLICY_NAMES)} "
+                                            f"(suffix {WARM} or {CONTEXT})")
     cls, reward = _POLICIES[base]
     arms = tuple(drafters) if reward == COST else tuple(d for d in drafters if d != NO_DRAFT)
     if not arms:
         raise InvalidRequestError("policy", f"{name!r} needs at least one drafting arm; the pool is {list(drafters)}")
-    return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w), verify)
+    return PolicySpec(name, reward, arms, warm, lambda arms, rng, prior, w: cls(arms, rng, prior, w), verify, contextual)
 
 
 WITHOUT = "-without-"  # a bench run `<policy>[@<verify>]-without-<drafter>[+<drafter>...]`: the pool less those

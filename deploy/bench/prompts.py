@@ -66,6 +66,16 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     return items
 
 
+def in_turns(prompts: Sequence[BenchPrompt]) -> list[BenchPrompt]:
+    """The prompts taken a task at a time in turn (each task's in the file's order), as mixed
+    traffic arrives, not in the file's blocks of one task (`specfleet bench --interleave`)."""
+    by_task: dict[str, list[BenchPrompt]] = {}
+    for prompt in prompts:
+        by_task.setdefault(prompt.task, []).append(prompt)
+    longest = max((len(group) for group in by_task.values()), default=0)
+    return [group[i] for i in range(longest) for group in by_task.values() if i < len(group)]
+
+
 def first_per_task(prompts: Sequence[BenchPrompt], n: int) -> list[BenchPrompt]:
     """The first n prompts of each task, in the file's order (`specfleet bench --per-task N`)."""
     taken: dict[str, int] = {}

@@ -302,6 +302,7 @@ def render_table(report: dict) -> str:
             lines.append(f"| {name} | {r['seconds_lost_share']:.1%} | {r['vs_request_oracle']:.3f}x | "
                          f"{_share(r['rounds_off_best'])} | {_share(r['rounds_dominated'])} |")
     if "splits" in report["params"]:
-        lines += ["", f"Prompts: {report['params']['prompts']}, split {' and '.join(report['params']['splits'])} "
-                      "(dev: the defaults may have been tuned on them; test: never tuned on)."]
+        lines += ["", f"Prompts: {report['params']['prompts']}, split {' and '.join(report['params']['splits'])}"
+                      + (", a task at a time in turn" if report["params"].get("interleaved") else "") +
+                      " (dev: the defaults may have been tuned on them; test: never tuned on)."]
     return "\n".join(lines)

@@ -154,7 +154,7 @@ class SpeculativeEngine:
         planner = self.planner
         with self._lock:
             began = start = time.perf_counter()
-            prefill_rows = [BatchRow(request.cache, tokens, logits_for=0) for request, tokens in prefill]
+            prefill_rows = [BatchRow(request.cache, tokens, logits_for=0, summed=True) for request, tokens in prefill]
             prefilled = sum(len(row.token_ids) for row in prefill_rows)
             batched = len(requests) + len(prefill_rows) > 1 and planner.batch_costs is not None
             # the guard (deploy/engine/draft_guard.py) keeps a batch size plain where drafting was realised not to pay
@@ -250,6 +250,7 @@ class SpeculativeEngine:
     @staticmethod
     def _keep_prefill_features(chunks: Sequence[tuple[RequestState, Sequence[int]]], rows: Sequence[BatchRow]) -> None:
         for (request, _), row in zip(chunks, rows):
+            request.sum_hidden(row.hidden_sum, len(row.token_ids))
             if request.features is not None:
                 request.features.append(row.features)
 

@@ -96,7 +96,7 @@ class DraftPlanner:
             return room if budget is None or not r.cutting else min(room, budget)
 
         calls = [DraftCall(r.request_id, r.tokens[r.sent:], r.feedback, tokens(r), r.sampling, r.cutting,
-                           _unsent_features(r), _unsent_predictions(r)) for r in requests]
+                           _unsent_features(r), _unsent_predictions(r), _first_context(r)) for r in requests]
         rounds = coordinator.propose_batch(calls)
         drafts = []
         for request, call, round_ in zip(requests, calls, rounds):
@@ -283,6 +283,12 @@ def _unsent_predictions(request: RequestState) -> Predictions | None:
     chunk = joined(request.predictions)
     request.predictions = []
     return chunk
+
+
+def _first_context(request: RequestState) -> np.ndarray | None:
+    """The prompt's context on the request's first call (None on later calls)."""
+    context = request.context if request.sent == 0 else None
+    return None if context is None else context.numpy()
 
 
 def _unsent_features(request: RequestState) -> torch.Tensor | None:

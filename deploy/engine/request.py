@@ -93,3 +93,17 @@ class RequestState:
     finish: str | None = None
     features: list[torch.Tensor] | None = None  # the target's features not yet sent (None: not collected)
     predictions: list | None = None  # the target's top-k predictions not yet sent (deploy/engine/predictions.py; None: not collected)
+    hidden_sum: torch.Tensor | None = None  # the prompt's last hidden states summed over its prefilled positions
+    hidden_positions: int = 0
+
+    @property
+    def context(self) -> torch.Tensor | None:
+        """The prompt's context for the coordinator: the mean of the target's last hidden states over
+        the prefilled prompt ([H]; None before a prefill, or for a one-token prompt)."""
+        return None if self.hidden_sum is None else self.hidden_sum / self.hidden_positions
+
+    def sum_hidden(self, hidden_sum: torch.Tensor | None, positions: int) -> None:
+        """Add a prefilled chunk's summed last hidden states."""
+        if hidden_sum is not None:
+            self.hidden_sum = hidden_sum if self.hidden_sum is None else self.hidden_sum + hidden_sum
+            self.hidden_positions += positions

@@ -33,13 +33,16 @@ from deploy.engine.slot_kv import RowSpec, SlotKV, SlotSequence, install_slot_at
 class BatchRow:
     """One request's part of a batched forward: `token_ids` appended to its slot `cache`, logits
     for the first `logits_for` of them (None: all), a token tree when `parents` is given; its
-    positions' features after a forward that asked for them."""
+    positions' features after a forward that asked for them; with `summed`, the sum of its positions'
+    last hidden states (a prompt's context: deploy/engine/request.py `RequestState.context`)."""
 
     cache: SlotSequence
     token_ids: Sequence[int]
     logits_for: int | None = None
     parents: Sequence[int] | None = None
     features: torch.Tensor | None = field(default=None, compare=False)  # set by forward_batch(features=True)
+    summed: bool = False  # set `hidden_sum`
+    hidden_sum: torch.Tensor | None = field(default=None, compare=False)  # [H] float32, CPU
 
 
 class TargetModel:
@@ -183,6 +186,8 @@ class TargetModel:
             out.append(logits[taken : taken + wanted])
             if fused is not None:
                 row.features = fused[start : start + n]
+            if row.summed:
+                row.hidden_sum = hidden[start : start + n].sum(dim=0).float().cpu()
             taken, start = taken + wanted, start + n
         return out
 

@@ -276,3 +276,10 @@ def test_a_spec_bench_report_gives_its_columns_and_lists_published_figures_as_pu
     assert published and all("published" in line and "not a run" in line for line in published)
     assert "Spec-Bench's columns" in render_table({"params": {}, "runs": [ar, fast]})
     assert "Spec-Bench's columns" not in render_table({"params": {}, "runs": [ar_row()]})
+
+
+def test_interleaving_takes_the_tasks_in_turn_keeping_each_tasks_order():
+    from deploy.bench.prompts import in_turns
+
+    prompts = [BenchPrompt(f"{task}-{i}", task, prompt="x") for task in ("code", "math", "qa") for i in range(3 if task != "qa" else 1)]
+    assert [p.id for p in in_turns(prompts)] == ["code-0", "math-0", "qa-0", "code-1", "math-1", "code-2", "math-2"]

@@ -245,3 +245,34 @@ def test_a_pool_without_a_feature_drafter_keeps_no_features_and_asks_for_none():
     coordinator = Coordinator({"lookup": RecordingProposer("lookup")}, policy="fixed:lookup")
     draft_round = coordinator.propose("r", [1, 2, 3], None, 2, GREEDY, features=[0.1, 0.2])
     assert not draft_round.features_wanted and coordinator.requests["r"].features == []
+
+
+def test_a_contextual_coordinator_starts_a_request_on_the_arm_that_paid_on_similar_prompts():
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    width = 16
+    prompt = {task: 4.0 + np.eye(width)[task] * 3 for task in (0, 1)}
+
+    def served(coordinator: Coordinator, task: int, name: str) -> str:
+        """One request of `task`: arm a pays on task 0, arm b on task 1. -> its first chosen arm."""
+        context = prompt[task] + rng.normal(scale=0.2, size=width)
+        (proposal,) = coordinator.propose(name, [1, 2], None, 3, GREEDY, context=context).proposals
+        paid = {"a": 0.9 if task == 0 else 0.1, "b": 0.1 if task == 0 else 0.9}
+        coordinator.finish(name, [3], RoundFeedback(tuple(Feedback(arm, 3, 2, reward, counterfactual=arm != proposal.drafter)
+                                                         for arm, reward in paid.items())))
+        return proposal.drafter
+
+    coordinator = Coordinator({"a": RecordingProposer("a"), "b": RecordingProposer("b")}, policy="metasd-ucb-context")
+    for i in range(6):
+        served(coordinator, i % 2, f"warmup-{i}")
+    assert [served(coordinator, task, f"r{task}") for task in (0, 1, 0, 1)] == ["a", "b", "a", "b"]
+    restarted = Coordinator({"a": RecordingProposer("a"), "b": RecordingProposer("b")}, policy="metasd-ucb-context")
+    assert restarted.restore(json.loads(json.dumps(coordinator.learned())))
+    assert [served(restarted, task, f"s{task}") for task in (1, 0)] == ["b", "a"]
+    plain_warm = Coordinator({"a": RecordingProposer("a"), "b": RecordingProposer("b")}, policy="metasd-ucb-warm")
+    for i in range(6):
+        served(plain_warm, i % 2, f"warmup-{i}")
+    assert len(plain_warm.contexts) == 0  # only a contextual policy keeps the prompts

@@ -103,10 +103,13 @@ def test_policy_names_map_to_their_rewards_and_arms():
     assert parse_policy("metasd-ucb-cost", pool).arms == ("ngram", "suffix", "none")
     assert parse_policy("metasd-ucb-cost", pool).warm_start is False
     assert parse_policy("metasd-ucb-cost-warm", pool).warm_start is True
+    assert parse_policy("metasd-ucb-cost-warm", pool).contextual is False
+    contextual = parse_policy("metasd-ucb-cost-context", pool)
+    assert contextual.warm_start and contextual.contextual and contextual.reward == "cost"
     assert parse_policy("fixed:suffix", pool).arms == ("suffix",)
 
 
-@pytest.mark.parametrize("name", ["ucb", "fixed:hf", "metasd-ucb-hot", ""])
+@pytest.mark.parametrize("name", ["ucb", "fixed:hf", "metasd-ucb-hot", "", "metasd-ucb-context-warm", "ucb-context"])
 def test_unknown_policies_raise_an_error_naming_the_policy_field(name):
     with pytest.raises(InvalidRequestError) as err:
         parse_policy(name, ["ngram", "none"])
