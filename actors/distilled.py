@@ -13,6 +13,7 @@ trained norms (whole), the head (`head.weight` [V', H], `head.ids` [V']); `disti
 it was built, its target and layer count among it. `load_distilled` takes the target's first
 layers and embeddings (actors/models.load_draft_model loads them), adds the deltas and norms,
 and takes actors/cpu_linear.py's few-row products where they are faster, as the target does.
+On CPU it drafts through actors/compact_step.py (`for_drafting`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Model drafter: a small causal LM that shares the target's tokenizer.
 
-Keeps its own KV cache per request. On each call it crops the cache to the longest common prefix
+Keeps its own KV cache per request (transformers', or a compact model's: actors/compact_step.py,
+whose logits cover its reduced head's tokens only, mapped back to token ids). On each call it crops the cache to the longest common prefix
 of what it has cached (including its own rejected drafts) and the committed context, prefills only
 the rest, then drafts k tokens one forward at a time. Greedy drafting takes the argmax and sends
 its temperature-1 distribution (top `q_top_n`, for the BD reward); sampled drafting draws from
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.compact_step import CompactLM
 from actors.errors import InvalidRequestError
 from actors.kv_cache import common_prefix_length, crop_cache
 from actors.proposal import Proposal, SparseDist
@@ -63,8 +65,10 @@ def draft_position(logits: torch.Tensor, sampling: SamplingParams, generator: to
     return index, SparseDist(tuple(ids.tolist()), tuple(q_probs.tolist())), confidence
 
 
-def new_draft_state(model: torch.nn.Module) -> _DraftState:
-    """A session's drafting state: an empty transformers KV cache for `model`."""
+def new_draft_state(model: torch.nn.Module | CompactLM) -> _DraftState:
+    """A session's drafting state: an empty KV cache for `model` (transformers', or a compact model's own)."""
+    if isinstance(model, CompactLM):
+        return _DraftState(cache=model.new_cache())
     from transformers import DynamicCache
 
     return _DraftState(cache=DynamicCache(config=model.config))
@@ -72,7 +76,8 @@ def new_draft_state(model: torch.nn.Module) -> _DraftState:
 
 def append_tokens(model: torch.nn.Module, state: _DraftState, token_ids: Sequence[int]) -> torch.Tensor:
     """Append tokens to the drafter's cache. -> logits of the last position [V] (float32, CPU)."""
-    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=next(model.parameters()).device)  # [1, n]
+    device = model.device if isinstance(model, CompactLM) else next(model.parameters()).device
+    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)  # [1, n]
     out = model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
     state.cached.extend(token_ids)
     return out.logits[0, -1].float().cpu()
@@ -92,7 +97,7 @@ class HFModelProposer:
 
     def __init__(self, model: torch.nn.Module, name: str = "hf", target_vocab_size: int | None = None, q_top_n: int = 64,
                  min_confidence: float = 0.0) -> None:
-        vocab = int(model.get_output_embeddings().weight.shape[0])
+        vocab = model.vocab_size if isinstance(model, CompactLM) else int(model.get_output_embeddings().weight.shape[0])
         if target_vocab_size is not None and vocab != target_vocab_size:
             raise InvalidRequestError(
                 "drafters",
@@ -100,6 +105,7 @@ class HFModelProposer:
                 "an hf drafter must share the target's tokenizer",
             )
         self.name, self.model, self.q_top_n, self.min_confidence = name, model, q_top_n, min_confidence
+        self.vocabulary = model.vocabulary if isinstance(model, CompactLM) else None  # a reduced head's token ids
         self.sessions = SessionStore()
 
     def _new_state(self) -> _DraftState:
@@ -118,7 +124,7 @@ class HFModelProposer:
         draft: list[int] = []
         q: list[SparseDist] = []
         for j in range(k):
-            token, dist, confidence = draft_position(logits, sampling, state.generator, self.q_top_n)
+            token, dist, confidence = draft_position(logits, sampling, state.generator, self.q_top_n, self.vocabulary)
             draft.append(token)
             q.append(dist)
             if confidence < self.min_confidence:

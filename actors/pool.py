@@ -186,6 +186,7 @@ def _eagle(target: str, target_vocab_size: int | None, head_dir: str | None) -> 
 
 
 def _specialist(name: str, target_vocab_size: int | None, target: str) -> Proposer:
+    from actors.compact_step import for_drafting
     from actors.models import load_draft_model
     from actors.retrieval import RetrievalProposer
     from actors.specialists import task_datastore
@@ -196,9 +197,12 @@ def _specialist(name: str, target_vocab_size: int | None, target: str) -> Propos
                                               f"run `make specialists`")
     if name == OTHER_VOCAB:  # a model of its own vocabulary (deploy/specialists/other_vocab.py)
         model = load_draft_model(str(path))  # on the default device, as every loaded model
-        return _model_drafter(model, name, target_vocab_size, target)
+        from actors.cross_vocab import CrossVocabularyProposer
+        from actors.models import load_tokenizer
+
+        return CrossVocabularyProposer(for_drafting(model), model.tokenizer, load_tokenizer(target), name=name)
     if name.startswith("retrieval-"):
         return RetrievalProposer(task_datastore(path, name.removeprefix("retrieval-"), target), name=name)
-    model = HFModelProposer(load_draft_model(str(path)), name=f"{name}.model", target_vocab_size=target_vocab_size,
-                            min_confidence=DISTILL_MIN_CONFIDENCE)
+    model = HFModelProposer(for_drafting(load_draft_model(str(path))), name=f"{name}.model",
+                            target_vocab_size=target_vocab_size, min_confidence=DISTILL_MIN_CONFIDENCE)
     return HierarchyProposer([NgramProposer(name=f"{name}.context", min_n=2), model], name=name)
