@@ -8,14 +8,16 @@ bfloat16 activations: a one-row product reads a quarter of float32's bytes), the
 table. A session's keys and values live in a `CompactCache`: preallocated, grown by a step,
 cropped by length (what actors/kv_cache.crop_cache asks of a cache).
 
-`forward(input_ids, past_key_values=cache)` appends the tokens and returns the logits of the last
-position over the head's tokens ([1, 1, V'] float32; `vocabulary` maps them to token ids). One
-token goes through one compiled graph per cache capacity (torch.compile, static shapes: attention
-over the whole buffer, masked past the length), so the ~25 small operations of a layer run as a
-few fused kernels; several tokens (a catch-up) run eagerly on the same weights. Where compiling
-fails, every step runs eagerly (slower, the same numbers). The int8 weights change the logits
-slightly (top-1 agreement with the float32 drafter measured in docs/experiments.md); drafts are
-only proposals, so the target's output is unchanged.
+Calling it (`model(input_ids, past_key_values=cache)`, as a transformers model is called) appends
+the tokens and returns the logits of the last position over the head's tokens ([1, 1, V'] float32;
+`vocabulary` maps them to token ids). Appends of 1 to COMPILED_TOKENS tokens (a drafted token, a
+round's catch-up) go through `torch.compile`d graphs, one per token count and head size, the
+cache's length a dynamic dimension (growing it does not recompile), so a layer's ~25 small
+operations run as a few fused kernels; attention is two batched products per key/value head over
+the whole buffer, each token masked past its position. Longer appends, and every append where
+compiling fails, run the same step eagerly. `for_drafting` builds it for a drafter on CPU and
+compiles it at load. The int8 weights change the logits slightly (top-1 agreement with the float32
+drafter in docs/experiments.md); drafts are only proposals, so the target's output is unchanged.
 """
 from __future__ import annotations
 
@@ -222,27 +224,8 @@ class CompactLM:
                 self.kv_heads, self.eps, ids, torch.arange(position, position + len(ids)), cache.keys, cache.values)
 
     def _many(self, ids: torch.Tensor, start: int, cache: CompactCache) -> torch.Tensor:
-        """n tokens at positions start.. (eager): each attends to the cache and to the new ones before it."""
-        n, end = len(ids), start + len(ids)
-        group, hd = self.heads // self.kv_heads, self.head_dim
-        x = self.embeddings[ids]  # [n, H]
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        visible = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # [n, end]
-        for index, layer in enumerate(self.layers):
-            h = linear(rms_norm(x, layer.input_norm, self.eps), layer.qkv)
-            q = rotate(h[:, : self.hidden].view(n, self.heads, hd), cos[:, None], sin[:, None])
-            k = rotate(h[:, self.hidden : self.hidden + self.kv_heads * hd].view(n, self.kv_heads, hd), cos[:, None], sin[:, None])
-            v = h[:, self.hidden + self.kv_heads * hd :].view(n, self.kv_heads, hd)
-            cache.keys[index][:, start:end] = k.transpose(0, 1)
-            cache.values[index][:, start:end] = v.transpose(0, 1)
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                q.view(n, self.kv_heads, group, hd).permute(1, 2, 0, 3),  # [kv, group, n, hd]
-                cache.keys[index][:, None, :end], cache.values[index][:, None, :end], attn_mask=visible)
-            x = x + linear(attended.permute(2, 0, 1, 3).reshape(n, self.hidden), layer.o)
-            gate_up = linear(rms_norm(x, layer.post_norm, self.eps), layer.gate_up)
-            half = gate_up.shape[1] // 2
-            x = x + linear(torch.nn.functional.silu(gate_up[:, :half]) * gate_up[:, half:], layer.down)
-        return linear(rms_norm(x[-1:], self.final_norm, self.eps), self.head)
+        """Tokens at positions start.. through the same step, eagerly (a long catch-up; no compiler)."""
+        return _step(*self._step_inputs(ids, start, cache))
 
 
 def _step(embeddings: torch.Tensor, layers: list[_Layer], final_norm: torch.Tensor, head: _Int8,
