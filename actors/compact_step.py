@@ -11,7 +11,8 @@ cropped by length (what actors/kv_cache.crop_cache asks of a cache).
 Calling it (`model(input_ids, past_key_values=cache)`, as a transformers model is called) appends
 the tokens and returns the logits of the last position over the head's tokens ([1, 1, V'] float32;
 `vocabulary` maps them to token ids). Appends of 1 to COMPILED_TOKENS tokens (a drafted token, a
-round's catch-up) go through `torch.compile`d graphs, one per token count and head size, the
+round's catch-up) go through `torch.compile`d graphs, one per token count and layer shape (the
+head's product runs apart, so drafters of one architecture share them), the
 cache's length a dynamic dimension (growing it does not recompile), so a layer's ~25 small
 operations run as a few fused kernels; attention is two batched products per key/value head over
 the whole buffer, each token masked past its position. Longer appends, and every append where
@@ -21,7 +22,9 @@ drafter in docs/experiments.md); drafts are only proposals, so the target's outp
 """
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +33,7 @@ logger = logging.getLogger("specfleet")
 
 MIN_CAPACITY = 256  # positions a session's cache starts with
 COMPILED_TOKENS = 3  # appends of up to this many tokens (a draft step, a round's catch-up) run compiled
-RECOMPILE_LIMIT = 64  # graphs of the compiled step (one per token count and head size) before torch stops
+RECOMPILE_LIMIT = 64  # graphs of the compiled step (one per token count and layer shape) before torch stops
 CAPACITY_STEP = 128  # ... and grows by when full (attention reads the whole buffer: little slack)
 
 
@@ -197,18 +200,17 @@ class CompactLM:
             raise ValueError(f"{start + len(ids)} positions exceed the drafter's {self.cos.shape[0]}")
         cache.reserve(start + len(ids))
         if len(ids) <= COMPILED_TOKENS:
-            logits = self._compiled_step(ids, start, cache)
+            hidden = self._compiled_step(ids, start, cache)
         else:
-            logits = self._many(ids, start, cache)
+            hidden = self._many(ids, start, cache)
         cache.length = start + len(ids)
-        return _Output(logits.view(1, 1, -1))
+        return _Output(linear(hidden, self.head).view(1, 1, -1))  # the head apart: one graph serves every drafter
 
     def _compiled_step(self, ids: torch.Tensor, position: int, cache: CompactCache) -> torch.Tensor:
-        """A few tokens through the compiled step (compiled on first use for each count and head size)."""
+        """A few tokens through the compiled step (compiled on first use for each count)."""
         if self._compiled is None:
-            try:  # a graph per head size (each drafter's): more than torch's default of 8 may be wanted
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-                compiled = torch.compile(_step, dynamic=False, fullgraph=True)
+            try:  # a graph per token count and layer shape: more than torch's default of 8 may be wanted
+                compiled = compiled_step()
                 out = compiled(*self._step_inputs(ids, position, cache))
                 self._compiled = compiled
                 return out
@@ -220,7 +222,7 @@ class CompactLM:
         return self._compiled(*self._step_inputs(ids, position, cache))
 
     def _step_inputs(self, ids: torch.Tensor, position: int, cache: CompactCache) -> tuple:
-        return (self.embeddings, self.layers, self.final_norm, self.head, self.cos, self.sin, self.heads,
+        return (self.embeddings, self.layers, self.final_norm, self.cos, self.sin, self.heads,
                 self.kv_heads, self.eps, ids, torch.arange(position, position + len(ids)), cache.keys, cache.values)
 
     def _many(self, ids: torch.Tensor, start: int, cache: CompactCache) -> torch.Tensor:
@@ -228,12 +230,18 @@ class CompactLM:
         return _step(*self._step_inputs(ids, start, cache))
 
 
-def _step(embeddings: torch.Tensor, layers: list[_Layer], final_norm: torch.Tensor, head: _Int8,
-          cos_table: torch.Tensor, sin_table: torch.Tensor, heads: int, kv_heads: int, eps: float,
+@functools.cache
+def compiled_step() -> Callable:
+    """`_step` compiled, one wrapper for the process (so every drafter's calls share its graphs)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(_step, dynamic=False, fullgraph=True)
+
+
+def _step(embeddings: torch.Tensor, layers: list[_Layer], final_norm: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, heads: int, kv_heads: int, eps: float,
           ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list) -> torch.Tensor:
     """n tokens at `positions` ([n] each; n fixed per compiled graph, the cache length variable):
     attention over the whole buffer as two batched products per key/value head (no copies of the
-    cache), each token masked past its own position. -> the last token's logits [1, V']."""
+    cache), each token masked past its own position. -> the last token's final hidden state [1, H]."""
     n, hidden = ids.shape[0], embeddings.shape[1]
     hd, group = hidden // heads, heads // kv_heads
     x = embeddings.index_select(0, ids)  # [n, H]
@@ -253,4 +261,4 @@ def _step(embeddings: torch.Tensor, layers: list[_Layer], final_norm: torch.Tens
         gate_up = linear(rms_norm(x, layer.post_norm, eps), layer.gate_up)
         half = gate_up.shape[1] // 2
         x = x + linear(torch.nn.functional.silu(gate_up[:, :half]) * gate_up[:, half:], layer.down)
-    return linear(rms_norm(x[-1:], final_norm, eps), head)
+    return rms_norm(x[-1:], final_norm, eps)
