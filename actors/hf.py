@@ -1,15 +1,16 @@
 """Model drafter: a small causal LM that shares the target's tokenizer.
 
 Keeps its own KV cache per request (transformers', or a compact model's: actors/compact_step.py,
-whose logits cover its reduced head's tokens only, mapped back to token ids). On each call it crops the cache to the longest common prefix
-of what it has cached (including its own rejected drafts) and the committed context, prefills only
-the rest, then drafts k tokens one forward at a time. Greedy drafting takes the argmax and sends
-its temperature-1 distribution (top `q_top_n`, for the BD reward); sampled drafting draws from
-the top `q_top_n` of its warped distribution, renormalised, and sends exactly that q, so
-verification stays lossless. With `min_confidence` > 0 the draft ends after a token the drafter
-gave less than that probability (as transformers' assistant confidence threshold): the tokens it
-would likely lose are neither drafted nor verified. A drafter whose vocabulary differs from the
-target's is refused (the pool gives one loaded with its own tokenizer to actors/cross_vocab.py).
+whose logits cover its reduced head's tokens only, mapped back to token ids). On each call it
+crops the cache to the longest common prefix of what it has cached (including its own rejected
+drafts) and the committed context, prefills only the rest, then drafts k tokens one forward at a
+time. Greedy drafting takes the argmax and sends its temperature-1 distribution (top `q_top_n`,
+for the BD reward); sampled drafting draws from the top `q_top_n` of its warped distribution,
+renormalised, and sends exactly that q, so verification stays lossless. With `min_confidence` > 0
+the draft ends after a token the drafter gave less than that probability (as transformers'
+assistant confidence threshold): the tokens it would likely lose are neither drafted nor verified.
+A drafter whose vocabulary differs from the target's is refused (the pool gives one loaded with
+its own tokenizer to actors/cross_vocab.py).
 """
 from __future__ import annotations
 
