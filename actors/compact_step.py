@@ -65,10 +65,10 @@ def for_drafting(model: torch.nn.Module) -> torch.nn.Module | CompactLM:
             compact = CompactLM.from_model(model.base, model.head.weight, model.head_ids)
         else:
             compact = CompactLM.from_model(model, model.get_output_embeddings().weight, None)
-    except (AttributeError, ValueError) as err:
-        logger.info("%s drafts through transformers: %s", type(model).__name__, err)
+        compact.warm_up()  # also fails here where this torch lacks the int8 product
+    except (AttributeError, RuntimeError, ValueError) as err:
+        logger.warning("%s drafts through transformers: %s", type(model).__name__, err)
         return model
-    compact.warm_up()
     return compact
 
 
