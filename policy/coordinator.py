@@ -417,7 +417,8 @@ class Coordinator:
     def _learn(self, request: _Request, feedback: RoundFeedback) -> None:
         for draft in feedback.drafts:
             request.bandit.update(draft.drafter, draft.reward, pulled=not draft.counterfactual, weight=draft.weight)
-            request.observed.setdefault(draft.drafter, ArmStats()).add(draft.reward, draft.weight)
+            if request.context is not None:  # only a contextual request's observations are remembered
+                request.observed.setdefault(draft.drafter, ArmStats()).add(draft.reward, draft.weight)
             if draft.drafter in self.global_stats:
                 self.global_stats[draft.drafter].add(draft.reward, draft.weight)
             stats = self.drafter_stats.get(draft.drafter)
