@@ -10,12 +10,14 @@ engine's report per batch size (acceptance calibration, the guard). Every level 
 subprocess (this module's `main`): a fresh pool (empty suffix caches, no bandit
 statistics), and the scheduler's thread the only one of the process that ever ran torch (a
 second thread running torch makes torch's OpenMP runtime throttle its threads: see
-deploy/engine/scheduler.py), as in a server.
+deploy/engine/scheduler.py), as in a server. The process leaves without teardown once its answer
+is written (`os._exit`); a process that fails says so, and whether its answer was written.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,7 +47,11 @@ class BatchRun:
             job.write_text(json.dumps({"label": self.label, "model": self.model, "drafters": self.drafters, "k": self.k,
                                        "cut_drafts": self.cut_drafts, "max_tokens": max_tokens, "concurrency": concurrency,
                                        "prompts": [asdict(p) for p in prompts]}))
-            subprocess.run([sys.executable, "-c", "from deploy.bench.batch_run import main; main()", str(job), str(out)], check=True)
+            done = subprocess.run([sys.executable, "-c", "from deploy.bench.batch_run import main; main()", str(job), str(out)])
+            if done.returncode != 0:
+                written = out.exists() and out.stat().st_size > 0
+                raise RuntimeError(f"the batch run's process (concurrency {concurrency}) ended with status "
+                                   f"{done.returncode}; its answer {'was' if written else 'was not'} written")
             answer = json.loads(out.read_text())
         samples = [Sample(**(s | {"trace": tuple(tuple(r) for r in s["trace"])})) for s in answer["samples"]]
         self.load = answer.get("load", {})
@@ -95,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", help="where the samples go, as JSON")
     args = parser.parse_args(argv)
     Path(args.out).write_text(json.dumps(sweep_here(json.loads(Path(args.job).read_text()))))
+    # the answer is written: leave without the interpreter's and the C++ libraries' teardown. The scheduler's
+    # daemon thread still holds torch's thread pools; tearing them down at exit aborted this process once in a
+    # test run (SIGABRT, "terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

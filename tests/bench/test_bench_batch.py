@@ -32,3 +32,11 @@ def test_batch_runs_expand_like_policy_runs_and_refuse_a_model_drafter():
     with pytest.raises(InvalidRequestError) as err:
         expand_runs("batch:metasd-ucb", ["ngram", "hf", "none"])
     assert err.value.field == "runs"
+
+
+def test_a_batch_run_whose_process_fails_says_so_and_whether_its_answer_was_written():
+    from deploy.bench.batch_run import BatchRun
+
+    run = BatchRun("fixed:ngram", "no-such-model", ["ngram", "none"], k=4)
+    with pytest.raises(RuntimeError, match="was not written"):
+        run.sweep(PROMPTS[:1], max_tokens=4, concurrency=1)
