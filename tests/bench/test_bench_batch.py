@@ -34,9 +34,9 @@ def test_batch_runs_expand_like_policy_runs_and_refuse_a_model_drafter():
     assert err.value.field == "runs"
 
 
-def test_a_batch_run_whose_process_fails_says_so_and_whether_its_answer_was_written():
+def test_a_batch_run_whose_process_fails_says_so_and_whether_its_answer_was_written(tmp_path):
     from deploy.bench.batch_run import BatchRun
 
-    run = BatchRun("fixed:ngram", "no-such-model", ["ngram", "none"], k=4)
+    run = BatchRun("fixed:ngram", str(tmp_path / "no-such-model"), ["ngram", "none"], k=4)  # a path: no hub lookup
     with pytest.raises(RuntimeError, match="was not written"):
         run.sweep(PROMPTS[:1], max_tokens=4, concurrency=1)
