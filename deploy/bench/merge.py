@@ -45,15 +45,16 @@ def _check_shards(reports: Sequence[dict]) -> list[str]:
         raise InvalidRequestError("runs", "each shard must have run `ar` first (the baseline every ratio needs)")
     seen: set[str] = set()
     for i, report in enumerate(reports):
+        rows = _in_process(report)
         if report["model"] != first["model"]:
             raise InvalidRequestError("model", f"shard {i} ran {report['model']!r}, shard 0 {first['model']!r}")
         for key in SHARED_PARAMS:
             if report["params"].get(key) != first["params"].get(key):
                 raise InvalidRequestError(key, f"shard {i} ran with {report['params'].get(key)!r}, "
                                                f"shard 0 with {first['params'].get(key)!r}")
-        if [row["name"] for row in _in_process(report)] != names:
+        if [row["name"] for row in rows] != names:
             raise InvalidRequestError("runs", f"shard {i} ran other in-process runs than shard 0")
-        tasks = set(_in_process(report)[0]["per_task"])
+        tasks = set(rows[0]["per_task"])
         if overlap := tasks & seen:
             raise InvalidRequestError("tasks", f"shard {i} repeats task(s) {sorted(overlap)}: shards must cover disjoint tasks")
         seen |= tasks
@@ -102,10 +103,10 @@ def _merge_row(parts: Sequence[dict], ar: dict | None) -> dict:
 def merge_reports(reports: Sequence[dict]) -> dict:
     """Shards of one bench over disjoint tasks -> one report (the module docstring says what is merged)."""
     names = _check_shards(reports)
+    shards = [{row["name"]: row for row in _in_process(report)} for report in reports]
     rows: list[dict] = []
     for name in names:
-        parts = [next(row for row in _in_process(report) if row["name"] == name) for report in reports]
-        rows.append(_merge_row(parts, rows[0] if rows else None))
+        rows.append(_merge_row([shard[name] for shard in shards], rows[0] if rows else None))
     if oracle := oracle_row(rows):
         rows.append(oracle)
     params = {key: value for key, value in reports[0]["params"].items() if key not in ("concurrency", "repeat", "alternate")}
